@@ -1,0 +1,106 @@
+"""The ClientApp: message -> ClientJob (model, split, data, personal state) -> client half -> reply.
+
+Node config (set per SuperNode; the simulation engine sets the first two itself):
+``partition-id`` and ``num-partitions`` choose this client's data; ``state-dir`` (optional)
+keeps personal state in a directory on the device instead of ``context.state``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+import torch
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from pflower.config import Config
+from pflower.strategies import get_algorithm, wire_split
+from pflower.strategies.base import ARRAYS, CONFIG, METRICS, ClientJob
+from pflower.task.data import dataset_info, load_client_data
+from pflower.task.models import build_model
+from pflower.task.split import Split, get_tensors
+from pflower.task.state import open_store
+from pflower.task.train import resolve_device
+
+
+@functools.lru_cache(maxsize=8)
+def parse_config(items: frozenset) -> Config:
+    return Config.from_run_config(dict(items))
+
+
+@functools.lru_cache(maxsize=2)
+def _model(cfg: Config) -> tuple[torch.nn.Module, Split, dict, torch.device]:
+    """One model per process and config; every message overwrites all of its parameters."""
+    info = dataset_info(cfg)
+    device = resolve_device(cfg.device)
+    model = build_model(
+        cfg.model,
+        info.input_shape,
+        info.num_classes,
+        adapters=cfg.split == "adapter",
+        seed=cfg.seed,
+    ).to(device)
+    split = wire_split(model, cfg)
+    return model, split, get_tensors(model, split.personal), device
+
+
+def make_job(cfg: Config, context: Context, server_round: int) -> ClientJob:
+    node = context.node_config
+    try:
+        partition_id, num_partitions = int(node["partition-id"]), int(node["num-partitions"])
+    except KeyError as err:
+        raise ValueError(
+            f"node config lacks {err.args[0]!r}: start the SuperNode with "
+            "--node-config 'partition-id=<i> num-partitions=<n>'"
+        ) from None
+    model, split, init_personal, device = _model(cfg)
+    train_loader, test_loader = load_client_data(cfg, partition_id, num_partitions)
+    # Reproducible whatever process runs this client: seed by (seed, client, round).
+    salt = (cfg.seed * 1_000_003 + partition_id * 10_007 + server_round) % 2**63
+    torch.manual_seed(salt)
+    train_loader.generator.manual_seed(salt)
+    return ClientJob(
+        cfg=cfg,
+        partition_id=partition_id,
+        num_partitions=num_partitions,
+        model=model,
+        split=split,
+        train_loader=train_loader,
+        test_loader=test_loader,
+        store=open_store(context.state, node),
+        device=device,
+        init_personal={k: v.clone() for k, v in init_personal.items()},
+    )
+
+
+def build_client_app(overrides: Mapping | None = None) -> ClientApp:
+    """A ClientApp; ``overrides`` are run-config keys applied over ``context.run_config``
+    (``flwr.simulation.run_simulation`` passes no run config, so tests and benchmarks do)."""
+    app = ClientApp()
+
+    def setup(msg: Message, context: Context) -> tuple[Config, ClientJob, Mapping]:
+        cfg = parse_config(frozenset({**context.run_config, **(overrides or {})}.items()))
+        config = dict(msg.content[CONFIG])
+        job = make_job(cfg, context, int(config.get("server-round", 0)))
+        job.set_shared(msg.content[ARRAYS])
+        return cfg, job, config
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        cfg, job, config = setup(msg, context)
+        half = get_algorithm(cfg.algorithm).client
+        record, metrics = half.train(job, config)
+        content = RecordDict({half.reply_key: record, METRICS: MetricRecord(metrics)})
+        return Message(content=content, reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        cfg, job, config = setup(msg, context)
+        metrics = get_algorithm(cfg.algorithm).client.evaluate(job, config)
+        return Message(content=RecordDict({METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+    return app
+
+
+app = build_client_app()

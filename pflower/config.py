@@ -1,0 +1,179 @@
+"""The run configuration: the one place where defaults and limits live.
+
+Flower hands both apps a flat mapping of dashed keys (``[tool.flwr.app.config]`` in
+``pyproject.toml``, overridden by ``flwr run . --run-config "key=value ..."``). ``Config``
+parses it into a validated pydantic model. A bad value fails at start with a
+``ConfigError`` that names the key, the value and what is allowed; an unknown key fails the
+same way, so a typo never silently does nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+#: Algorithms the app can run. ``fedavg``: FedAvg on the whole model. ``fedavg-ft``: FedAvg,
+#: evaluated after personal-only fine-tuning. ``local``: no federation, each client alone.
+ALGORITHMS = ("fedavg", "fedavg-ft", "local")
+MODELS = ("logreg", "mlp", "pflego-mlp", "cnn-cifar", "cnn-apfl", "conv4", "resnet18-gn")
+SPLITS = ("none", "head", "input", "adapter", "full")
+BUILTIN_DATASETS = ("mnist-5k", "digits", "synthetic-leaf")
+#: ``hf:<hub id>`` loads a Hugging Face data set through flwr-datasets; ``disk:<path>`` a
+#: directory written by ``datasets.save_to_disk`` or a folder of parquet files.
+DATASET_PREFIXES = ("hf:", "disk:")
+PARTITIONERS = ("iid", "dirichlet", "pathological", "natural", "round-robin")
+CLASS_ASSIGNMENTS = ("random", "deterministic", "first-deterministic")
+DEVICES = ("auto", "cpu", "cuda")
+
+#: Number of classes of the built-in data sets (``synthetic-leaf`` uses ``synthetic-classes``).
+BUILTIN_NUM_CLASSES = {"mnist-5k": 10, "digits": 10}
+
+
+class ConfigError(ValueError):
+    """A run-config value that is not allowed; the message names key, value and rule."""
+
+
+def _allowed(names: tuple[str, ...]) -> str:
+    return "one of " + ", ".join(repr(n) for n in names)
+
+
+class Config(BaseModel):
+    """Validated run configuration shared by the ServerApp and the ClientApp.
+
+    Field names are the dashed run-config keys with ``_`` for ``-``; see README.md for
+    the meaning of each key.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    # --- what to run -----------------------------------------------------------------------
+    algorithm: str = "fedavg-ft"
+    model: str = "mlp"
+    split: str = "head"
+    split_patterns: str = Field("", alias="split-patterns")
+
+    # --- data ------------------------------------------------------------------------------
+    dataset: str = "mnist-5k"
+    partitioner: str = "pathological"
+    classes_per_client: int = Field(2, alias="classes-per-client", ge=1)
+    class_assignment: str = Field("first-deterministic", alias="class-assignment")
+    dirichlet_alpha: float = Field(0.3, alias="dirichlet-alpha", gt=0)
+    min_partition_size: int = Field(10, alias="min-partition-size", ge=0)
+    natural_column: str = Field("client_id", alias="natural-column")
+    label_column: str = Field("label", alias="label-column")
+    feature_column: str = Field("", alias="feature-column")
+    test_fraction: float = Field(0.2, alias="test-fraction", gt=0, lt=1)
+    max_train_samples: int = Field(0, alias="max-train-samples", ge=0)
+    synthetic_gamma: float = Field(0.5, alias="synthetic-gamma", ge=0)
+    synthetic_beta: float = Field(0.5, alias="synthetic-beta", ge=0)
+    synthetic_dim: int = Field(60, alias="synthetic-dim", ge=1)
+    synthetic_classes: int = Field(10, alias="synthetic-classes", ge=2)
+
+    # --- federation ------------------------------------------------------------------------
+    num_server_rounds: int = Field(20, alias="num-server-rounds", ge=1)
+    fraction_train: float = Field(0.5, alias="fraction-train", gt=0, le=1)
+    fraction_evaluate: float = Field(1.0, alias="fraction-evaluate", gt=0, le=1)
+    evaluate_every: int = Field(5, alias="evaluate-every", ge=1)
+    round_timeout: float = Field(3600.0, alias="round-timeout", gt=0)
+
+    # --- local optimisation ----------------------------------------------------------------
+    local_epochs: int = Field(1, alias="local-epochs", ge=1)
+    local_steps: int = Field(0, alias="local-steps", ge=0)
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, alias="weight-decay", ge=0)
+    max_grad_norm: float = Field(0.0, alias="max-grad-norm", ge=0)
+    batch_size: int = Field(32, alias="batch-size", ge=1)
+    eval_batch_size: int = Field(512, alias="eval-batch-size", ge=1)
+    finetune_epochs: int = Field(5, alias="finetune-epochs", ge=0)
+    finetune_lr: float = Field(0.0, alias="finetune-lr", ge=0)
+
+    # --- run -------------------------------------------------------------------------------
+    seed: int = 0
+    device: str = "auto"
+    outputs_dir: str = Field("outputs", alias="outputs-dir")
+
+    @model_validator(mode="after")
+    def _check_names(self) -> Config:
+        _one_of("algorithm", self.algorithm, ALGORITHMS)
+        _one_of("model", self.model, MODELS)
+        _one_of("split", self.split, SPLITS)
+        _one_of("partitioner", self.partitioner, PARTITIONERS)
+        _one_of("class-assignment", self.class_assignment, CLASS_ASSIGNMENTS)
+        _one_of("device", self.device, DEVICES)
+        if self.dataset not in BUILTIN_DATASETS and not (
+            self.dataset.startswith(DATASET_PREFIXES) and len(self.dataset) > 5
+        ):
+            raise ConfigError(
+                f"key 'dataset' = {self.dataset!r}: must be {_allowed(BUILTIN_DATASETS)}, "
+                "or 'hf:<hub id>' (e.g. 'hf:ylecun/mnist'), or 'disk:<path>' (a directory "
+                "written by datasets.save_to_disk or a folder of parquet files)"
+            )
+        for pattern in self.personal_patterns:
+            if not pattern or any(c.isspace() for c in pattern):
+                raise ConfigError(
+                    f"key 'split-patterns' = {self.split_patterns!r}: must be a comma-"
+                    "separated list of glob patterns over parameter names, e.g. 'fc.*,layer4.*'"
+                )
+        num_classes = self.known_num_classes
+        uses_classes = self.partitioner in ("pathological", "round-robin")
+        if uses_classes and num_classes is not None and self.classes_per_client > num_classes:
+            raise ConfigError(
+                f"key 'classes-per-client' = {self.classes_per_client}: data set "
+                f"{self.dataset!r} has {num_classes} classes; must be in 1..{num_classes}"
+            )
+        return self
+
+    # --- derived values --------------------------------------------------------------------
+    @property
+    def personal_patterns(self) -> list[str]:
+        """Glob patterns from ``split-patterns`` (empty: use the ``split`` preset)."""
+        return [p.strip() for p in self.split_patterns.split(",")] if self.split_patterns else []
+
+    @property
+    def known_num_classes(self) -> int | None:
+        """Number of classes when known without loading data (built-in data sets)."""
+        if self.dataset == "synthetic-leaf":
+            return self.synthetic_classes
+        return BUILTIN_NUM_CLASSES.get(self.dataset)
+
+    @property
+    def effective_finetune_lr(self) -> float:
+        return self.finetune_lr or self.lr
+
+    def to_flat(self) -> dict[str, Any]:
+        """The flat dashed mapping (as in ``[tool.flwr.app.config]``) of this config."""
+        return self.model_dump(by_alias=True)
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> Config:
+        """Parse Flower's flat run config; raise ``ConfigError`` naming key, value, rule."""
+        try:
+            return cls.model_validate(dict(run_config))
+        except ValidationError as err:
+            raise ConfigError(_describe(err)) from None
+
+
+def _one_of(key: str, value: str, names: tuple[str, ...]) -> None:
+    if value not in names:
+        close = difflib.get_close_matches(value, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"key {key!r} = {value!r}: must be {_allowed(names)}{hint}")
+
+
+def _describe(err: ValidationError) -> str:
+    """Turn pydantic's errors into 'key = value: what is allowed' phrases."""
+    lines = []
+    for e in err.errors():
+        if not e["loc"]:  # raised by _check_names: already phrased with key and value
+            lines.append(e["msg"].removeprefix("Value error, "))
+            continue
+        key = str(e["loc"][0]).replace("_", "-")
+        if e["type"] == "extra_forbidden":
+            lines.append(f"key {key!r} = {e['input']!r}: unknown key; README.md lists the keys")
+        else:
+            lines.append(f"key {key!r} = {e['input']!r}: {e['msg'].lower()}")
+    return "invalid run config: " + "; ".join(lines)

@@ -1,0 +1,168 @@
+"""Run outputs: ``outputs/<timestamp>-<algorithm>/`` and the summary table.
+
+- ``config.json``: the run config (flat dashed keys) and the split actually used;
+- ``results.json``: per round: train aggregates, evaluate aggregates, dropped replies with
+  reasons, seconds; and the final evaluation;
+- ``clients.csv``: final per-client personalized and global metrics;
+- ``accuracy.png``: pooled personalized/global test accuracy per evaluated round;
+- ``clients.png``: per-client accuracy, personalized vs global, sorted.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from pflower.config import Config  # noqa: E402
+
+
+@dataclasses.dataclass
+class RunReport:
+    """What a run produced, in the form the files and the table are written from."""
+
+    cfg: Config
+    split: str
+    num_nodes: int
+    rounds: list  # of RoundLog
+    clients: list[dict]
+    seconds: float
+
+    @property
+    def final(self) -> dict:
+        evaluated = [r.evaluate for r in self.rounds if r.evaluate]
+        return evaluated[-1] if evaluated else {}
+
+    @property
+    def dropped(self) -> int:
+        return sum(sum(r.dropped.values()) for r in self.rounds)
+
+
+def output_dir(cfg: Config) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = Path(cfg.outputs_dir).expanduser().resolve() / f"{stamp}-{cfg.algorithm}"
+    suffix = 1
+    while path.exists():
+        suffix += 1
+        path = path.with_name(f"{stamp}-{cfg.algorithm}-{suffix}")
+    path.mkdir(parents=True)
+    return path
+
+
+def write(report: RunReport) -> Path:
+    """Write every output file; return the directory."""
+    out = output_dir(report.cfg)
+    (out / "config.json").write_text(
+        json.dumps(
+            {
+                "run-config": report.cfg.to_flat(),
+                "split": report.split,
+                "num-nodes": report.num_nodes,
+            },
+            indent=2,
+        )
+    )
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "rounds": [dataclasses.asdict(r) for r in report.rounds],
+                "final": report.final,
+                "dropped-replies": report.dropped,
+                "seconds": report.seconds,
+            },
+            indent=2,
+        )
+    )
+    if report.clients:
+        keys = sorted({k for row in report.clients for k in row}, key=_column_order)
+        with open(out / "clients.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=keys)
+            writer.writeheader()
+            for row in sorted(report.clients, key=lambda r: r.get("partition-id", 0)):
+                writer.writerow(row)
+    _plot_rounds(report, out / "accuracy.png")
+    _plot_clients(report, out / "clients.png")
+    return out
+
+
+def _column_order(key: str) -> tuple[int, str]:
+    first = ["partition-id", "num-examples", "num-train", "personal-accuracy", "global-accuracy"]
+    return (first.index(key), key) if key in first else (len(first), key)
+
+
+def _plot_rounds(report: RunReport, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    evaluated = [r for r in report.rounds if r.evaluate]
+    for which, style in (("personal", "-o"), ("global", "--s")):
+        points = [
+            (r.round, r.evaluate[f"{which}-accuracy"])
+            for r in evaluated
+            if f"{which}-accuracy" in r.evaluate
+        ]
+        if points:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, style, label=f"{which} (pooled)")
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"{report.cfg.algorithm} on {report.cfg.dataset}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _plot_clients(report: RunReport, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for which, style in (("personal", "-o"), ("global", "--s")):
+        acc = sorted(r[f"{which}-accuracy"] for r in report.clients if f"{which}-accuracy" in r)
+        if acc:
+            ax.plot(range(1, len(acc) + 1), acc, style, label=which)
+    ax.set_xlabel("client (sorted by accuracy)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title("per-client accuracy, final round")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _pct(summary: dict, key: str) -> str:
+    return f"{100 * summary[key]:6.2f}" if key in summary else "     –"
+
+
+def summary_table(report: RunReport) -> str:
+    """A one-screen Markdown table of the final evaluation."""
+    s, cfg = report.final, report.cfg
+    lines = [
+        f"pflower: {cfg.algorithm} | {cfg.model} | split {report.split} | {cfg.dataset} "
+        f"({cfg.partitioner}) | {report.num_nodes} clients | {cfg.num_server_rounds} rounds "
+        f"| {report.seconds:.0f} s",
+        "",
+        "| test accuracy (%)        | personalized | global |",
+        "|--------------------------|--------------|--------|",
+        f"| pooled over examples     |       {_pct(s, 'personal-accuracy')} | {_pct(s, 'global-accuracy')} |",
+        f"| mean over clients        |       {_pct(s, 'personal-accuracy-mean')} | {_pct(s, 'global-accuracy-mean')} |",
+    ]
+    for q in ("p10", "p50", "p90", "worst"):
+        label = f"{q} client" if q != "worst" else "worst client"
+        lines.append(
+            f"| {label:<24} |       {_pct(s, f'personal-accuracy-{q}')} | "
+            f"{_pct(s, f'global-accuracy-{q}')} |"
+        )
+    hurt = s.get("clients-hurt")
+    lines += [
+        "",
+        f"clients evaluated: {int(s.get('clients', 0))}; hurt by personalization "
+        f"(personalized < global): {'–' if hurt is None else int(hurt)}; "
+        f"dropped replies: {report.dropped}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,73 @@
+"""The ServerApp: run config -> Config -> strategy -> strategy.start(...) -> report."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+import torch
+from flwr.app import ArrayRecord, Context
+from flwr.serverapp import Grid, ServerApp
+
+from pflower import report
+from pflower.config import Config
+from pflower.strategies import make_strategy, wire_split
+from pflower.task.data import dataset_info
+from pflower.task.models import build_model
+from pflower.task.split import get_tensors
+
+log = logging.getLogger("flwr.pflower")
+
+
+def run(grid: Grid, cfg: Config) -> report.RunReport:
+    """Run ``cfg`` on the nodes of ``grid``; write the outputs and print the summary."""
+    started = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    info = dataset_info(cfg)
+    model = build_model(
+        cfg.model,
+        info.input_shape,
+        info.num_classes,
+        adapters=cfg.split == "adapter",
+        seed=cfg.seed,
+    )
+    split = wire_split(model, cfg)
+    log.info(
+        "pflower: %s on %s, model %s: %s", cfg.algorithm, cfg.dataset, cfg.model, split.describe()
+    )
+    strategy = make_strategy(cfg)
+    strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(get_tensors(model, split.shared)),
+        num_rounds=cfg.num_server_rounds,
+        timeout=cfg.round_timeout,
+    )
+    result = report.RunReport(
+        cfg=cfg,
+        split=split.describe(),
+        num_nodes=len(list(grid.get_node_ids())),
+        rounds=strategy.history,
+        clients=strategy.final_clients,
+        seconds=time.perf_counter() - started,
+    )
+    out = report.write(result)
+    table = report.summary_table(result)
+    print(f"\n{table}\n\nresults: {out}\n", flush=True)
+    return result
+
+
+def build_server_app(overrides: Mapping | None = None) -> ServerApp:
+    """A ServerApp; ``overrides`` are run-config keys applied over ``context.run_config``."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        # Parse (and so validate) the whole config before anything else starts.
+        cfg = Config.from_run_config({**context.run_config, **(overrides or {})})
+        run(grid, cfg)
+
+    return app
+
+
+app = build_server_app()

@@ -1,0 +1,93 @@
+"""pflower's strategies (server halves) and client halves, by algorithm name.
+
+Public API: import a strategy into your own Flower ServerApp, e.g.
+``from pflower.strategies import FedAvg``. ``ALGORITHMS`` maps each ``algorithm`` name of
+the run config to its strategy, its client half and which parameters cross the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+from pflower.config import Config
+from pflower.strategies.base import (
+    ClientHalf,
+    ClientJob,
+    ClientUpdate,
+    PersonalizedStrategy,
+    strategy_kwargs,
+)
+from pflower.strategies.fedavg import (
+    FedAvg,
+    FedAvgClient,
+    FedAvgFineTuneClient,
+    Local,
+    LocalClient,
+    fedavg_strategy,
+    local_strategy,
+)
+from pflower.task.split import Split, make_split
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """An algorithm of the app: how to build its strategy, its client half, its wire split.
+
+    ``wire_split``: ``"config"`` uses the run config's ``split`` (the personal part stays
+    on the client); ``"none"`` shares every parameter (FedAvg); ``"full"`` shares none
+    (local training).
+    """
+
+    strategy: Callable[..., PersonalizedStrategy]
+    client: ClientHalf
+    wire_split: str = "config"
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "fedavg": Algorithm(fedavg_strategy, FedAvgClient(), wire_split="none"),
+    "fedavg-ft": Algorithm(fedavg_strategy, FedAvgFineTuneClient(), wire_split="none"),
+    "local": Algorithm(local_strategy, LocalClient(), wire_split="full"),
+}
+
+
+def get_algorithm(name: str) -> Algorithm:
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ValueError(
+            f"key 'algorithm' = {name!r}: must be one of {sorted(ALGORITHMS)}"
+        ) from None
+
+
+def make_strategy(cfg: Config) -> PersonalizedStrategy:
+    """The strategy of ``cfg.algorithm`` with the run config's settings."""
+    return get_algorithm(cfg.algorithm).strategy(cfg, **strategy_kwargs(cfg))
+
+
+def wire_split(model: nn.Module, cfg: Config) -> Split:
+    """Which parameters of ``model`` cross the wire (shared) under ``cfg.algorithm``."""
+    rule = get_algorithm(cfg.algorithm).wire_split
+    if rule == "config":
+        return make_split(model, cfg.split, cfg.personal_patterns)
+    return make_split(model, rule)
+
+
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "ClientHalf",
+    "ClientJob",
+    "ClientUpdate",
+    "FedAvg",
+    "FedAvgClient",
+    "FedAvgFineTuneClient",
+    "Local",
+    "LocalClient",
+    "PersonalizedStrategy",
+    "get_algorithm",
+    "make_strategy",
+    "wire_split",
+]

@@ -1,0 +1,514 @@
+"""The base of every pflower strategy, and the client-side job every client half works on.
+
+Server side, ``PersonalizedStrategy`` (a Flower message-API ``Strategy``):
+
+- samples clients uniformly **without replacement** from its own seeded generator;
+- sends only the shared parameters (``arrays``) and a ``config`` record;
+- checks every reply before aggregation: a reply that is an error, lacks the algorithm's
+  reply key (``arrays``, ``delta`` or ``gradient``), carries other records, other names,
+  shapes or dtypes than the shared parameters, non-finite values, or no ``num-examples``
+  is **dropped and counted** (logged with its node id); the round goes on. (Flower's own
+  ``FedAvg`` raises on inconsistent replies: one bad client would stop the run.)
+- aggregates evaluation per DESIGN.md: pooled accuracy, mean over clients, p10/p50/p90,
+  worst client, and the number of clients whose personalized accuracy is below the global
+  model's. Evaluation runs every ``evaluate_every`` rounds; the final round evaluates
+  every client.
+
+Client side, ``ClientJob`` bundles what a client half needs (model, split, loaders, store)
+and ``ClientHalf`` holds the evaluation protocol shared by all algorithms.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from abc import abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+from torch import nn
+from torch.utils.data import DataLoader
+
+from pflower.config import Config
+from pflower.task import split as splits
+from pflower.task import train as training
+from pflower.task.state import Store, load_matching
+
+# A child of Flower's logger, so our records go wherever Flower's go (console, `flwr log`).
+log = logging.getLogger("flwr.pflower")
+
+ARRAYS, DELTA, GRADIENT = "arrays", "delta", "gradient"
+CONFIG, METRICS = "config", "metrics"
+NUM_EXAMPLES = "num-examples"
+PERSONAL = "personal"  # store key of the personal parameters
+
+
+# ==========================================================================================
+# Server side
+# ==========================================================================================
+
+
+@dataclass
+class ClientUpdate:
+    """A checked training reply: the sender, its tensors (numpy) and its metrics."""
+
+    node_id: int
+    tensors: dict[str, np.ndarray]
+    metrics: dict[str, float]
+
+    @property
+    def num_examples(self) -> float:
+        return float(self.metrics[NUM_EXAMPLES])
+
+
+@dataclass
+class RoundLog:
+    """What happened in one round, for results.json."""
+
+    round: int
+    train: dict[str, float] = field(default_factory=dict)
+    evaluate: dict[str, float] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class PersonalizedStrategy(Strategy):
+    """Base strategy: sampling, messages, reply checks, per-client evaluation metrics.
+
+    Subclasses implement ``aggregate`` (checked updates -> new shared arrays) and may add
+    settings to the train config with ``train_config``.
+
+    Parameters
+    ----------
+    fraction_train : float (default: 1.0)
+        Fraction of connected nodes sampled for training each round (at least one).
+    fraction_evaluate : float (default: 1.0)
+        Fraction of nodes sampled for evaluation; the final round evaluates all nodes.
+    evaluate_every : int (default: 1)
+        Evaluate every this many rounds (and always in the final round).
+    reply_key : str (default: "arrays")
+        The ArrayRecord key a training reply must carry: ``arrays`` (new weights),
+        ``delta`` or ``gradient``; no other is accepted.
+    lr : float (default: 0.05)
+        Client learning rate sent in each round's config.
+    seed : int (default: 0)
+        Seed of the client-sampling generator.
+    min_available_nodes : int (default: 1)
+        Wait until this many nodes are connected before sampling.
+    """
+
+    def __init__(
+        self,
+        *,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        evaluate_every: int = 1,
+        reply_key: str = ARRAYS,
+        lr: float = 0.05,
+        seed: int = 0,
+        min_available_nodes: int = 1,
+    ) -> None:
+        if not 0 < fraction_train <= 1:
+            raise ValueError(f"fraction_train = {fraction_train}: must be in (0, 1]")
+        if not 0 < fraction_evaluate <= 1:
+            raise ValueError(f"fraction_evaluate = {fraction_evaluate}: must be in (0, 1]")
+        if evaluate_every < 1:
+            raise ValueError(f"evaluate_every = {evaluate_every}: must be >= 1")
+        if reply_key not in (ARRAYS, DELTA, GRADIENT):
+            raise ValueError(
+                f"reply_key = {reply_key!r}: must be {ARRAYS!r}, {DELTA!r} or {GRADIENT!r}"
+            )
+        self.fraction_train = fraction_train
+        self.fraction_evaluate = fraction_evaluate
+        self.evaluate_every = evaluate_every
+        self.reply_key = reply_key
+        self.lr = lr
+        self.min_available_nodes = min_available_nodes
+        self.rng = random.Random(seed)
+        self.num_rounds = 0
+        self.history: list[RoundLog] = []
+        self.final_clients: list[dict[str, float]] = []
+        self._current: ArrayRecord = ArrayRecord()
+        self._round_start = 0.0
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, **kwargs):
+        """Flower's round loop; remembers ``num_rounds`` so the last round evaluates all."""
+        self.num_rounds = num_rounds
+        self.history = []
+        return super().start(grid, initial_arrays, num_rounds=num_rounds, **kwargs)
+
+    def summary(self) -> None:
+        log.info("\t├──> %s", type(self).__name__)
+        log.info(
+            "\t│\t├── fraction train %.2f | evaluate %.2f (every %d rounds, all in the last)",
+            self.fraction_train,
+            self.fraction_evaluate,
+            self.evaluate_every,
+        )
+        log.info("\t│\t├── client lr %g", self.lr)
+        log.info("\t│\t└── reply key %r", self.reply_key)
+
+    def _log(self, server_round: int) -> RoundLog:
+        if not self.history or self.history[-1].round != server_round:
+            self.history.append(RoundLog(round=server_round))
+        return self.history[-1]
+
+    # --- sampling and messages -------------------------------------------------------------
+    def sample(self, grid: Grid, fraction: float, everyone: bool = False) -> list[int]:
+        """Uniform sample without replacement of ``max(1, round(fraction * N))`` nodes."""
+        nodes = sorted(grid.get_node_ids())
+        while len(nodes) < self.min_available_nodes:
+            log.info("waiting for nodes: %d of %d connected", len(nodes), self.min_available_nodes)
+            time.sleep(1)
+            nodes = sorted(grid.get_node_ids())
+        if everyone:
+            return nodes
+        return sorted(self.rng.sample(nodes, max(1, round(fraction * len(nodes)))))
+
+    def train_config(self, server_round: int) -> dict:
+        """Settings sent to clients with each training round (subclasses add theirs)."""
+        return {"lr": self.lr}
+
+    def _messages(self, node_ids, arrays, config: dict, message_type: str) -> list[Message]:
+        content = RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(config)})
+        return [
+            Message(content=content, message_type=message_type, dst_node_id=n) for n in node_ids
+        ]
+
+    def configure_train(self, server_round, arrays, config, grid) -> Iterable[Message]:
+        self._round_start = time.perf_counter()
+        self._current = arrays
+        nodes = self.sample(grid, self.fraction_train)
+        log.info("round %d: training on %d nodes", server_round, len(nodes))
+        settings = {**dict(config), **self.train_config(server_round), "server-round": server_round}
+        return self._messages(nodes, arrays, settings, MessageType.TRAIN)
+
+    def should_evaluate(self, server_round: int) -> bool:
+        return server_round == self.num_rounds or server_round % self.evaluate_every == 0
+
+    def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
+        if not self.should_evaluate(server_round):
+            return []
+        final = server_round == self.num_rounds
+        nodes = self.sample(grid, self.fraction_evaluate, everyone=final)
+        settings = {**dict(config), "server-round": server_round, "final": final}
+        return self._messages(nodes, arrays, settings, MessageType.EVALUATE)
+
+    # --- reply checks ----------------------------------------------------------------------
+    def _drop(self, server_round: int, node_id: int, reason: str) -> None:
+        dropped = self._log(server_round).dropped
+        dropped[reason] = dropped.get(reason, 0) + 1
+        log.warning("round %d: dropped the reply of node %d: %s", server_round, node_id, reason)
+
+    def _metrics(self, server_round: int, msg: Message, required: Iterable[str]) -> dict | None:
+        """The reply's single MetricRecord as a dict, or None (and a drop) if malformed."""
+        node = msg.metadata.src_node_id
+        if msg.has_error():
+            self._drop(server_round, node, f"client error: {msg.error.reason}")
+            return None
+        records = msg.content.metric_records
+        if len(records) != 1:
+            self._drop(server_round, node, f"expected one MetricRecord, got {len(records)}")
+            return None
+        metrics = dict(next(iter(records.values())))
+        for key in required:
+            value = metrics.get(key)
+            if not isinstance(value, (int, float)) or not np.isfinite(value):
+                self._drop(server_round, node, f"metric {key!r} missing or not finite")
+                return None
+        return metrics
+
+    def check_train_replies(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> list[ClientUpdate]:
+        """Keep well-formed replies; drop and count the others."""
+        expected = {k: (tuple(a.shape), a.dtype) for k, a in self._current.items()}
+        updates = []
+        for msg in replies:
+            metrics = self._metrics(server_round, msg, [NUM_EXAMPLES])
+            if metrics is None:
+                continue
+            node = msg.metadata.src_node_id
+            if metrics[NUM_EXAMPLES] <= 0:
+                self._drop(server_round, node, "num-examples is not positive")
+                continue
+            records = msg.content.array_records
+            if set(records) != {self.reply_key}:
+                self._drop(
+                    server_round,
+                    node,
+                    f"expected array record {self.reply_key!r}, got {sorted(records)}",
+                )
+                continue
+            record = records[self.reply_key]
+            got = {k: (tuple(a.shape), a.dtype) for k, a in record.items()}
+            if got != expected:
+                wrong = sorted(set(got.items()) ^ set(expected.items()))[:3]
+                self._drop(
+                    server_round,
+                    node,
+                    f"names/shapes/dtypes differ from the shared parameters: {wrong}",
+                )
+                continue
+            tensors = {k: a.numpy() for k, a in record.items()}
+            if not all(np.isfinite(t).all() for t in tensors.values()):
+                self._drop(server_round, node, "non-finite values")
+                continue
+            updates.append(ClientUpdate(node, tensors, metrics))
+        return updates
+
+    # --- aggregation -----------------------------------------------------------------------
+    @abstractmethod
+    def aggregate(
+        self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
+    ) -> dict[str, np.ndarray]:
+        """New shared parameters from the current ones and the checked updates (non-empty)."""
+
+    def aggregate_train(
+        self, server_round, replies
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        updates = self.check_train_replies(server_round, replies)
+        entry = self._log(server_round)
+        entry.seconds = time.perf_counter() - self._round_start
+        metrics = {
+            "replies": len(replies),
+            "applied": len(updates),
+            "dropped": len(replies) - len(updates),
+        }
+        if not updates:
+            log.warning(
+                "round %d: no usable reply; the shared parameters are unchanged", server_round
+            )
+            entry.train = metrics
+            return None, MetricRecord(metrics)
+        current = {k: a.numpy() for k, a in self._current.items()}
+        new = self.aggregate(server_round, current, updates)
+        metrics.update(weighted_mean_metrics([u.metrics for u in updates]))
+        entry.train = metrics
+        arrays = ArrayRecord(
+            {k: Array(np.ascontiguousarray(v, dtype=current[k].dtype)) for k, v in new.items()}
+        )
+        return arrays, MetricRecord(metrics)
+
+    def aggregate_evaluate(self, server_round, replies) -> MetricRecord | None:
+        rows = []
+        for msg in replies:
+            metrics = self._metrics(server_round, msg, [NUM_EXAMPLES, "personal-accuracy"])
+            if metrics is not None:
+                rows.append(metrics)
+        if not rows:
+            return None
+        summary = summarize_clients(rows)
+        self._log(server_round).evaluate = summary
+        if server_round == self.num_rounds:
+            self.final_clients = rows
+        return MetricRecord(summary)
+
+
+def strategy_kwargs(cfg: Config) -> dict:
+    """The base-strategy settings of a run config."""
+    return {
+        "fraction_train": cfg.fraction_train,
+        "fraction_evaluate": cfg.fraction_evaluate,
+        "evaluate_every": cfg.evaluate_every,
+        "lr": cfg.lr,
+        "seed": cfg.seed,
+    }
+
+
+def weighted_mean(
+    arrays: list[Mapping[str, np.ndarray]], weights: Iterable[float]
+) -> dict[str, np.ndarray]:
+    """Sum_i w_i a_i / Sum_i w_i, name by name, in float64 then cast back by the caller."""
+    w = np.asarray(list(weights), dtype=np.float64)
+    w = w / w.sum()
+    return {k: sum(wi * a[k].astype(np.float64) for wi, a in zip(w, arrays)) for k in arrays[0]}
+
+
+def weighted_mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Mean of the numeric metrics of the replies, weighted by ``num-examples``."""
+    weights = np.asarray([r[NUM_EXAMPLES] for r in rows], dtype=float)
+    out = {NUM_EXAMPLES: float(weights.sum())}
+    keys = {k for r in rows for k, v in r.items() if isinstance(v, (int, float))} - {NUM_EXAMPLES}
+    for key in sorted(keys):
+        pairs = [(r[key], w) for r, w in zip(rows, weights) if key in r and np.isfinite(r[key])]
+        if pairs:
+            values, ws = zip(*pairs)
+            out[key] = float(np.average(values, weights=ws))
+    return out
+
+
+def summarize_clients(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Pooled and per-client statistics of personalized (and global) test accuracy."""
+    n = np.asarray([r[NUM_EXAMPLES] for r in rows], dtype=float)
+    out: dict[str, float] = {"clients": len(rows), NUM_EXAMPLES: float(n.sum())}
+    for which in ("personal", "global"):
+        if not all(f"{which}-accuracy" in r for r in rows):
+            continue
+        acc = np.asarray([r[f"{which}-accuracy"] for r in rows], dtype=float)
+        loss = np.asarray([r[f"{which}-loss"] for r in rows], dtype=float)
+        out[f"{which}-accuracy"] = float((acc * n).sum() / n.sum())  # pooled over test examples
+        out[f"{which}-loss"] = float((loss * n).sum() / n.sum())
+        out[f"{which}-accuracy-mean"] = float(acc.mean())
+        for q in (10, 50, 90):
+            out[f"{which}-accuracy-p{q}"] = float(np.percentile(acc, q))
+        out[f"{which}-accuracy-worst"] = float(acc.min())
+    if "global-accuracy" in out:
+        out["clients-hurt"] = int(sum(r["personal-accuracy"] < r["global-accuracy"] for r in rows))
+    return out
+
+
+# ==========================================================================================
+# Client side
+# ==========================================================================================
+
+
+@dataclass
+class ClientJob:
+    """Everything a client half works on for one message.
+
+    ``split`` is the wire split: ``split.shared`` are the parameters in the message, and
+    ``split.personal`` those that stay on this client. ``init_personal`` holds the personal
+    tensors as the model was built (the seeded init every client shares).
+    """
+
+    cfg: Config
+    partition_id: int
+    num_partitions: int
+    model: nn.Module
+    split: splits.Split
+    train_loader: DataLoader
+    test_loader: DataLoader
+    store: Store
+    device: torch.device
+    init_personal: dict[str, torch.Tensor]
+
+    @property
+    def num_train(self) -> int:
+        return len(self.train_loader.dataset)
+
+    def set_shared(self, arrays: ArrayRecord) -> None:
+        splits.set_tensors(self.model, arrays.to_torch_state_dict())
+
+    def shared_record(self) -> ArrayRecord:
+        return ArrayRecord(splits.get_tensors(self.model, self.split.shared))
+
+    def personal_params(self) -> list[nn.Parameter]:
+        return splits.parameters(self.model, self.split.personal)
+
+    def shared_params(self) -> list[nn.Parameter]:
+        return splits.parameters(self.model, self.split.shared)
+
+    def sgd(
+        self,
+        params,
+        *,
+        lr: float,
+        epochs: int | None = None,
+        steps: int | None = None,
+        loader: DataLoader | None = None,
+    ) -> training.TrainResult:
+        """The shared training primitive with this run's optimiser settings."""
+        cfg = self.cfg
+        return training.sgd(
+            self.model,
+            params,
+            loader or self.train_loader,
+            lr=lr,
+            epochs=cfg.local_epochs if epochs is None else epochs,
+            steps=cfg.local_steps if steps is None else steps,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            max_grad_norm=cfg.max_grad_norm,
+            device=self.device,
+        )
+
+    def fine_tune(self, names) -> training.TrainResult:
+        """``finetune-epochs`` of SGD on ``names`` only (everything else frozen)."""
+        return self.sgd(
+            splits.parameters(self.model, names),
+            lr=self.cfg.effective_finetune_lr,
+            epochs=self.cfg.finetune_epochs,
+            steps=0,
+        )
+
+    def evaluate(self) -> dict:
+        return training.evaluate(self.model, self.test_loader, self.device)
+
+    def restore_personal(self, key: str = PERSONAL) -> bool:
+        """Load this client's stored personal part; the init if none. True if one was stored."""
+        stored = load_matching(self.store, key, self.init_personal)
+        splits.set_tensors(self.model, stored if stored is not None else self.init_personal)
+        return stored is not None
+
+    def save_personal(self, key: str = PERSONAL) -> None:
+        self.store.save(key, splits.get_tensors(self.model, self.split.personal))
+
+
+class ClientHalf:
+    """An algorithm's client half. Subclasses implement ``train``.
+
+    The evaluation protocol (DESIGN.md) is the same for all algorithms: on its own test
+    split each client reports the **global** model (shared parameters + what a brand-new
+    client would have as its personal part, ``new_client``) and the **personalized** model
+    (``personalize``: its stored personal part, or, for stateless algorithms, the result of
+    ``finetune-epochs`` of personal-only fine-tuning from the algorithm's init).
+    """
+
+    #: ArrayRecord key of the training reply.
+    reply_key = ARRAYS
+    #: Whether a "global model" accuracy is meaningful (not for purely local training).
+    has_global = True
+    #: Whether the personalized model differs from the global one (not for plain FedAvg).
+    personalizes = True
+
+    @abstractmethod
+    def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
+        """Train on the job's data; return the reply record and metrics (with num-examples)."""
+
+    def new_client(self, job: ClientJob) -> None:
+        """Set the personal part a brand-new client would start from (default: the init)."""
+        splits.set_tensors(job.model, job.init_personal)
+
+    def personalize(self, job: ClientJob) -> None:
+        """Set this client's personal part for evaluation (default: fine-tune from init)."""
+        self.new_client(job)
+        job.fine_tune(job.split.personal)
+
+    def evaluate(self, job: ClientJob, config: Mapping) -> dict[str, float]:
+        metrics: dict[str, float] = {"partition-id": job.partition_id}
+        glob: dict = {}
+        if self.has_global:
+            self.new_client(job)
+            glob = job.evaluate()
+            metrics.update({"global-accuracy": glob["accuracy"], "global-loss": glob["loss"]})
+        if self.personalizes or not self.has_global:
+            self.personalize(job)
+            pers = job.evaluate()
+        else:
+            pers = glob
+        metrics.update(
+            {
+                NUM_EXAMPLES: pers["num-examples"],
+                "personal-accuracy": pers["accuracy"],
+                "personal-loss": pers["loss"],
+                "num-train": job.num_train,
+            }
+        )
+        return metrics

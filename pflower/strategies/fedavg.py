@@ -1,0 +1,103 @@
+"""Baselines: FedAvg, FedAvg + fine-tuning, and local training (no federation).
+
+- ``fedavg`` (McMahan et al. 2017): every parameter is shared. Server:
+  ``theta <- sum_i n_i theta_i / sum_i n_i`` over the sampled clients. Client: ``local-epochs``
+  (or ``local-steps``) of SGD on the received model; reply key ``arrays``.
+- ``fedavg-ft``: trained exactly as FedAvg; at evaluation each client fine-tunes the
+  personal part of ``split`` (e.g. the head) for ``finetune-epochs`` with the rest frozen,
+  starting from the received model, and reports that personalized model next to the global
+  one. The fine-tuned copy never leaves the client.
+- ``local``: every parameter is personal (split ``full``): each client trains its own model
+  alone, kept in its store between rounds; nothing is aggregated. Sampling is the same as
+  the federated algorithms', so each client gets the same local compute per round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from flwr.app import ArrayRecord
+
+from pflower.config import Config
+from pflower.strategies.base import (
+    NUM_EXAMPLES,
+    ClientHalf,
+    ClientJob,
+    ClientUpdate,
+    PersonalizedStrategy,
+    weighted_mean,
+)
+from pflower.task.split import make_split
+
+
+class FedAvg(PersonalizedStrategy):
+    """Federated averaging of the shared weights, weighted by the clients' data sizes.
+
+    Implementation of McMahan et al., *Communication-Efficient Learning of Deep Networks
+    from Decentralized Data* (AISTATS 2017), on pflower's base strategy (uniform sampling
+    without replacement, reply checks that drop instead of raising). Takes the parameters
+    of ``PersonalizedStrategy``.
+    """
+
+    def aggregate(
+        self, server_round, current, updates: list[ClientUpdate]
+    ) -> dict[str, np.ndarray]:
+        return weighted_mean([u.tensors for u in updates], [u.num_examples for u in updates])
+
+
+class Local(PersonalizedStrategy):
+    """No federation: clients train alone; the server only schedules and collects metrics."""
+
+    def aggregate(self, server_round, current, updates) -> dict[str, np.ndarray]:
+        return current
+
+
+class FedAvgClient(ClientHalf):
+    """Local SGD on the whole received model; the personalized model is the global one."""
+
+    personalizes = False
+
+    def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
+        result = job.sgd(job.shared_params(), lr=float(config["lr"]))
+        return job.shared_record(), {NUM_EXAMPLES: job.num_train, "train-loss": result.loss}
+
+    def new_client(self, job: ClientJob) -> None:
+        """A new client uses the received model as it is (no personal part)."""
+
+    def personalize(self, job: ClientJob) -> None:
+        """FedAvg does not personalize."""
+
+
+class FedAvgFineTuneClient(FedAvgClient):
+    """FedAvg training; evaluation after fine-tuning the ``split``'s personal part."""
+
+    personalizes = True
+
+    def personalize(self, job: ClientJob) -> None:
+        # The received model is the init of the fine-tuning; nothing else is personal.
+        split = make_split(job.model, job.cfg.split, job.cfg.personal_patterns)
+        job.fine_tune(split.personal)
+
+
+class LocalClient(ClientHalf):
+    """Each client trains its own whole model, kept in its store between rounds."""
+
+    has_global = False
+
+    def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
+        job.restore_personal()
+        result = job.sgd(job.personal_params(), lr=float(config["lr"]))
+        job.save_personal()
+        return ArrayRecord(), {NUM_EXAMPLES: job.num_train, "train-loss": result.loss}
+
+    def personalize(self, job: ClientJob) -> None:
+        job.restore_personal()
+
+
+def fedavg_strategy(cfg: Config, **kwargs) -> FedAvg:
+    return FedAvg(**kwargs)
+
+
+def local_strategy(cfg: Config, **kwargs) -> Local:
+    return Local(**kwargs)

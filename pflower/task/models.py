@@ -1,0 +1,173 @@
+"""Models by name, with optional adapters. No BatchNorm anywhere.
+
+BatchNorm running statistics are buffers that can be neither averaged meaningfully across
+clients nor mixed as APFL mixes parameters, so every model here uses GroupNorm or no norm
+at all, and has no buffers: ``model.parameters()`` is its whole state.
+
+Adapters (Pillutla et al. 2022, "adapter" split): small residual modules initialised near
+zero, so that at start they are the identity. Convolutional models get ``x + Conv1x1(GN(x))``
+after each convolution (after each conv of each basic block in the ResNet); MLPs get a
+bottleneck ``x + Up(ReLU(Down(x)))`` after each hidden layer. ``build_model`` seeds the
+initialisation, so every client (and the server) builds identical adapters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torchvision
+from torch import nn
+
+# The FedAlt/FedSim paper initialises adapters from N(0, 1e-4); read as a variance: std 1e-2.
+ADAPTER_INIT_STD = 1e-2
+MLP_ADAPTER_HIDDEN = 16
+
+
+def _groups(channels: int) -> int:
+    """Number of GroupNorm groups: the largest divisor of ``channels`` up to 32."""
+    return math.gcd(channels, 32)
+
+
+class ConvAdapter(nn.Module):
+    """Residual 1x1-conv adapter ``x + Conv1x1(GN(x))``, the identity at initialisation."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.norm = nn.GroupNorm(_groups(channels), channels)
+        self.conv = nn.Conv2d(channels, channels, kernel_size=1, bias=False)
+        nn.init.normal_(self.conv.weight, std=ADAPTER_INIT_STD)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv(self.norm(x))
+
+
+class MLPAdapter(nn.Module):
+    """Bottleneck adapter ``x + Up(ReLU(Down(x)))`` with ``Up`` initialised near zero."""
+
+    def __init__(self, width: int, hidden: int = MLP_ADAPTER_HIDDEN) -> None:
+        super().__init__()
+        self.down = nn.Linear(width, hidden)
+        self.up = nn.Linear(hidden, width)
+        nn.init.normal_(self.up.weight, std=ADAPTER_INIT_STD)
+        nn.init.zeros_(self.up.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.up(torch.relu(self.down(x)))
+
+
+def _mlp(sizes: Sequence[int], num_classes: int, adapters: bool) -> nn.Sequential:
+    """Flatten, hidden ReLU layers of ``sizes[1:]``, then a linear output layer."""
+    layers: list[nn.Module] = [nn.Flatten()]
+    for d_in, d_out in zip(sizes[:-1], sizes[1:]):
+        layers += [nn.Linear(d_in, d_out), nn.ReLU()]
+        if adapters:
+            layers.append(MLPAdapter(d_out))
+    layers.append(nn.Linear(sizes[-1], num_classes))
+    return nn.Sequential(*layers)
+
+
+def _conv(c_in: int, c_out: int, k: int, padding: int, adapters: bool) -> list[nn.Module]:
+    block: list[nn.Module] = [nn.Conv2d(c_in, c_out, k, padding=padding)]
+    if adapters:
+        block.append(ConvAdapter(c_out))
+    return block + [nn.ReLU()]
+
+
+def _with_head(
+    name: str,
+    features: nn.Sequential,
+    input_shape: tuple[int, ...],
+    hidden: Sequence[int],
+    num_classes: int,
+) -> nn.Sequential:
+    """Append flatten, hidden FC layers and the output layer, sizing the first FC layer."""
+    try:
+        with torch.no_grad():
+            flat = features(torch.zeros(1, *input_shape)).flatten(1).shape[1]
+    except RuntimeError as err:
+        raise ValueError(
+            f"model {name!r} cannot take inputs of shape {tuple(input_shape)}: {err}"
+        ) from None
+    layers: list[nn.Module] = [*features, nn.Flatten()]
+    for d_in, d_out in zip([flat, *hidden[:-1]], hidden):
+        layers += [nn.Linear(d_in, d_out), nn.ReLU()]
+    layers.append(nn.Linear(hidden[-1] if hidden else flat, num_classes))
+    return nn.Sequential(*layers)
+
+
+def _resnet18_gn(in_channels: int, num_classes: int, adapters: bool) -> nn.Module:
+    """torchvision ResNet-18 with GroupNorm, a 3x3 stem and no first max-pool (28x28 inputs)."""
+    model = torchvision.models.resnet18(
+        num_classes=num_classes, norm_layer=lambda c: nn.GroupNorm(_groups(c), c)
+    )
+    model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    model.maxpool = nn.Identity()
+    if adapters:
+        for layer in (model.layer1, model.layer2, model.layer3, model.layer4):
+            for block in layer:
+                block.conv1 = nn.Sequential(block.conv1, ConvAdapter(block.conv1.out_channels))
+                block.conv2 = nn.Sequential(block.conv2, ConvAdapter(block.conv2.out_channels))
+    return model
+
+
+def build_model(
+    name: str,
+    input_shape: Sequence[int],
+    num_classes: int,
+    *,
+    adapters: bool = False,
+    seed: int = 0,
+) -> nn.Module:
+    """Build model ``name`` for inputs of ``input_shape`` (no batch dimension).
+
+    The initialisation is seeded, so the server and every client build the same model.
+    ``adapters=True`` inserts the adapters of the ``adapter`` split.
+    """
+    shape = tuple(int(s) for s in input_shape)
+    image_models = ("cnn-cifar", "cnn-apfl", "conv4", "resnet18-gn")
+    if name in image_models and len(shape) != 3:
+        raise ValueError(
+            f"model {name!r} needs image inputs (channels, height, width); the data set "
+            f"gives inputs of shape {shape}: use 'logreg', 'mlp' or 'pflego-mlp'"
+        )
+    if adapters and name == "logreg":
+        raise ValueError("model 'logreg' has no hidden layer, so no adapters: choose another split")
+    flat = math.prod(shape)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if name == "logreg":
+            model: nn.Module = nn.Sequential(nn.Flatten(), nn.Linear(flat, num_classes))
+        elif name == "mlp":  # APFL's MLP 2x200
+            model = _mlp([flat, 200, 200], num_classes, adapters)
+        elif name == "pflego-mlp":  # PFLEGO: body 784->200 (ReLU), linear head
+            model = _mlp([flat, 200], num_classes, adapters)
+        elif name == "cnn-cifar":  # PFLEGO's CIFAR-10 CNN, 'same' padding; body ends at FC192
+            features = nn.Sequential(
+                *_conv(shape[0], 64, 5, 2, adapters),
+                nn.MaxPool2d(3, 2, padding=1),
+                *_conv(64, 64, 5, 2, adapters),
+                nn.MaxPool2d(3, 2, padding=1),
+            )
+            model = _with_head(name, features, shape, [384, 192], num_classes)
+        elif name == "cnn-apfl":  # APFL: conv5x5 ->20, pool, conv5x5 ->50, pool, FC 512
+            features = nn.Sequential(
+                *_conv(shape[0], 20, 5, 0, adapters),
+                nn.MaxPool2d(2),
+                *_conv(20, 50, 5, 0, adapters),
+                nn.MaxPool2d(2),
+            )
+            model = _with_head(name, features, shape, [512], num_classes)
+        elif name == "conv4":  # Omniglot: 4 x [conv64 3x3, ReLU, maxpool 2]
+            blocks: list[nn.Module] = []
+            for c_in in (shape[0], 64, 64, 64):
+                blocks += [*_conv(c_in, 64, 3, 1, adapters), nn.MaxPool2d(2)]
+            model = _with_head(name, nn.Sequential(*blocks), shape, [], num_classes)
+        elif name == "resnet18-gn":
+            model = _resnet18_gn(shape[0], num_classes, adapters)
+        else:
+            raise ValueError(f"unknown model {name!r}")
+    if any(True for _ in model.buffers()):
+        raise AssertionError(f"model {name!r} has buffers; pflower models must have none")
+    return model

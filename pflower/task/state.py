@@ -1,0 +1,125 @@
+"""Where a client's personal state lives between rounds (and runs).
+
+A store maps a key (e.g. ``"personal"``) to a dict of named tensors: personal parameters
+and per-client algorithm state (scalars as 0-d tensors). Two backends:
+
+- ``ContextStore``: Flower's ``context.state`` (a ``RecordDict``), the default. It lives as
+  long as the node process, across the rounds of one run, in simulation and deployment.
+- ``DirectoryStore``: one ``<key>.pt`` file per key in a directory on the device (node
+  config ``state-dir``). Every save is atomic (temporary file + ``os.replace``), so a crash
+  never leaves a half-written file; a file that cannot be read is reported and treated as
+  missing, so the client re-initialises instead of crashing.
+
+This module is the one place in ``task/`` that touches a Flower type (``context.state``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from flwr.app import ArrayRecord, RecordDict
+
+log = logging.getLogger("flwr.pflower")
+_KEY = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def _check_key(key: str) -> str:
+    if not _KEY.match(key):
+        raise ValueError(f"store key {key!r} must match {_KEY.pattern}")
+    return key
+
+
+class Store(Protocol):
+    def load(self, key: str) -> dict[str, torch.Tensor] | None: ...
+
+    def save(self, key: str, tensors: Mapping[str, torch.Tensor]) -> None: ...
+
+
+class ContextStore:
+    """Personal state in Flower's ``context.state`` under ``pflower.<key>``."""
+
+    def __init__(self, state: RecordDict) -> None:
+        self.state = state
+
+    def load(self, key: str) -> dict[str, torch.Tensor] | None:
+        record = self.state.get(f"pflower.{_check_key(key)}")
+        if record is None:
+            return None
+        return dict(record.to_torch_state_dict())
+
+    def save(self, key: str, tensors: Mapping[str, torch.Tensor]) -> None:
+        state_dict = {n: t.detach().cpu() for n, t in tensors.items()}
+        self.state[f"pflower.{_check_key(key)}"] = ArrayRecord(state_dict)
+
+
+class DirectoryStore:
+    """Personal state as ``<directory>/<key>.pt`` files, written atomically."""
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = Path(directory).expanduser()
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def path(self, key: str) -> Path:
+        return self.directory / f"{_check_key(key)}.pt"
+
+    def load(self, key: str) -> dict[str, torch.Tensor] | None:
+        path = self.path(key)
+        if not path.exists():
+            return None
+        try:
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+            if not isinstance(loaded, dict) or not all(
+                isinstance(v, torch.Tensor) for v in loaded.values()
+            ):
+                raise ValueError("not a dict of tensors")
+        except Exception as err:  # noqa: BLE001 - any unreadable file means: start afresh
+            log.warning("personal state %s is unreadable (%s); re-initialising", path, err)
+            return None
+        return loaded
+
+    def save(self, key: str, tensors: Mapping[str, torch.Tensor]) -> None:
+        path = self.path(key)
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save({n: t.detach().cpu() for n, t in tensors.items()}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def open_store(state: RecordDict, node_config: Mapping[str, object]) -> Store:
+    """The node's store: a ``DirectoryStore`` if node config sets ``state-dir``, else context."""
+    state_dir = node_config.get("state-dir")
+    if state_dir:
+        return DirectoryStore(str(state_dir))
+    return ContextStore(state)
+
+
+def load_matching(
+    store: Store, key: str, template: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor] | None:
+    """Load ``key`` if it has exactly the template's names and shapes; otherwise ``None``.
+
+    A mismatch (another model or split than the one that saved the state) is reported and
+    treated as no state, so the algorithm initialises afresh.
+    """
+    loaded = store.load(key)
+    if loaded is None:
+        return None
+    expected = {n: tuple(t.shape) for n, t in template.items()}
+    found = {n: tuple(t.shape) for n, t in loaded.items()}
+    if expected != found:
+        log.warning("stored state %r does not match this model/split; re-initialising", key)
+        return None
+    return loaded
