@@ -149,15 +149,19 @@ def summary_table(report: RunReport) -> str:
         "",
         "| test accuracy (%)        | personalized | global |",
         "|--------------------------|--------------|--------|",
-        f"| pooled over examples     |       {_pct(s, 'personal-accuracy')} | {_pct(s, 'global-accuracy')} |",
-        f"| mean over clients        |       {_pct(s, 'personal-accuracy-mean')} | {_pct(s, 'global-accuracy-mean')} |",
     ]
-    for q in ("p10", "p50", "p90", "worst"):
-        label = f"{q} client" if q != "worst" else "worst client"
-        lines.append(
-            f"| {label:<24} |       {_pct(s, f'personal-accuracy-{q}')} | "
-            f"{_pct(s, f'global-accuracy-{q}')} |"
-        )
+    rows = [
+        ("pooled over examples", ""),
+        ("mean over clients", "-mean"),
+        ("p10 client", "-p10"),
+        ("p50 client", "-p50"),
+        ("p90 client", "-p90"),
+        ("worst client", "-worst"),
+    ]
+    for label, suffix in rows:
+        personal = _pct(s, f"personal-accuracy{suffix}")
+        glob = _pct(s, f"global-accuracy{suffix}")
+        lines.append(f"| {label:<24} |       {personal} | {glob} |")
     hurt = s.get("clients-hurt")
     lines += [
         "",

@@ -12,12 +12,19 @@ from flwr.serverapp import Grid, ServerApp
 
 from pflower import report
 from pflower.config import Config
-from pflower.strategies import make_strategy, wire_split
+from pflower.strategies import get_algorithm, make_strategy, personal_split, wire_split
 from pflower.task.data import dataset_info
 from pflower.task.models import build_model
 from pflower.task.split import get_tensors
 
 log = logging.getLogger("flwr.pflower")
+
+
+def split_name(cfg: Config) -> str:
+    rule = get_algorithm(cfg.algorithm).personal_split
+    if rule != "config":
+        return rule
+    return f"patterns {cfg.split_patterns}" if cfg.split_patterns else cfg.split
 
 
 def run(grid: Grid, cfg: Config) -> report.RunReport:
@@ -32,9 +39,11 @@ def run(grid: Grid, cfg: Config) -> report.RunReport:
         adapters=cfg.split == "adapter",
         seed=cfg.seed,
     )
-    split = wire_split(model, cfg)
+    split, personal = wire_split(model, cfg), personal_split(model, cfg)
+    log.info("pflower: %s on %s, model %s", cfg.algorithm, cfg.dataset, cfg.model)
+    log.info("personalized part: %s", personal.describe())
     log.info(
-        "pflower: %s on %s, model %s: %s", cfg.algorithm, cfg.dataset, cfg.model, split.describe()
+        "on the wire: %d of %d parameters", split.num_shared, split.num_shared + split.num_personal
     )
     strategy = make_strategy(cfg)
     strategy.start(
@@ -45,7 +54,7 @@ def run(grid: Grid, cfg: Config) -> report.RunReport:
     )
     result = report.RunReport(
         cfg=cfg,
-        split=split.describe(),
+        split=f"{split_name(cfg)} ({100 * personal.personal_fraction:.2f}% personal)",
         num_nodes=len(list(grid.get_node_ids())),
         rounds=strategy.history,
         clients=strategy.final_clients,

@@ -38,18 +38,20 @@ class Algorithm:
 
     ``wire_split``: ``"config"`` uses the run config's ``split`` (the personal part stays
     on the client); ``"none"`` shares every parameter (FedAvg); ``"full"`` shares none
-    (local training).
+    (local training). ``personal_split``: the split whose personal part the personalized
+    model adapts (differs from the wire split for FedAvg + fine-tuning).
     """
 
     strategy: Callable[..., PersonalizedStrategy]
     client: ClientHalf
     wire_split: str = "config"
+    personal_split: str = "config"
 
 
 ALGORITHMS: dict[str, Algorithm] = {
-    "fedavg": Algorithm(fedavg_strategy, FedAvgClient(), wire_split="none"),
-    "fedavg-ft": Algorithm(fedavg_strategy, FedAvgFineTuneClient(), wire_split="none"),
-    "local": Algorithm(local_strategy, LocalClient(), wire_split="full"),
+    "fedavg": Algorithm(fedavg_strategy, FedAvgClient(), "none", "none"),
+    "fedavg-ft": Algorithm(fedavg_strategy, FedAvgFineTuneClient(), "none", "config"),
+    "local": Algorithm(local_strategy, LocalClient(), "full", "full"),
 }
 
 
@@ -67,12 +69,20 @@ def make_strategy(cfg: Config) -> PersonalizedStrategy:
     return get_algorithm(cfg.algorithm).strategy(cfg, **strategy_kwargs(cfg))
 
 
-def wire_split(model: nn.Module, cfg: Config) -> Split:
-    """Which parameters of ``model`` cross the wire (shared) under ``cfg.algorithm``."""
-    rule = get_algorithm(cfg.algorithm).wire_split
+def _split(model: nn.Module, cfg: Config, rule: str) -> Split:
     if rule == "config":
         return make_split(model, cfg.split, cfg.personal_patterns)
     return make_split(model, rule)
+
+
+def wire_split(model: nn.Module, cfg: Config) -> Split:
+    """Which parameters of ``model`` cross the wire (shared) under ``cfg.algorithm``."""
+    return _split(model, cfg, get_algorithm(cfg.algorithm).wire_split)
+
+
+def personal_split(model: nn.Module, cfg: Config) -> Split:
+    """Which parameters of ``model`` the personalized model adapts under ``cfg.algorithm``."""
+    return _split(model, cfg, get_algorithm(cfg.algorithm).personal_split)
 
 
 __all__ = [
@@ -89,5 +99,6 @@ __all__ = [
     "PersonalizedStrategy",
     "get_algorithm",
     "make_strategy",
+    "personal_split",
     "wire_split",
 ]

@@ -75,9 +75,8 @@ class FedAvgFineTuneClient(FedAvgClient):
     personalizes = True
 
     def personalize(self, job: ClientJob) -> None:
-        # The received model is the init of the fine-tuning; nothing else is personal.
-        split = make_split(job.model, job.cfg.split, job.cfg.personal_patterns)
-        job.fine_tune(split.personal)
+        # The received model is the init of the fine-tuning; the copy stays here.
+        job.fine_tune(make_split(job.model, job.cfg.split, job.cfg.personal_patterns).personal)
 
 
 class LocalClient(ClientHalf):

@@ -20,8 +20,9 @@ import torch
 import torchvision
 from torch import nn
 
-# The FedAlt/FedSim paper initialises adapters from N(0, 1e-4); read as a variance: std 1e-2.
-ADAPTER_INIT_STD = 1e-2
+# The FedAlt/FedSim paper initialises adapters from "N(0, 1e-4)"; read in torch's
+# normal_(mean, std) convention: std 1e-4, so each adapter starts within ~1e-3 of the identity.
+ADAPTER_INIT_STD = 1e-4
 MLP_ADAPTER_HIDDEN = 16
 
 

@@ -1,0 +1,42 @@
+"""Shared fixtures. Nothing in the tests may touch the network: it would hang offline."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+
+import pytest
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+
+_connect = socket.socket.connect
+
+
+def _guarded_connect(self, address):
+    """Allow loopback and Unix sockets (Ray, Flower's in-process engine); refuse the rest."""
+    if isinstance(address, tuple):
+        host = address[0]
+        try:
+            local = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            local = host in ("localhost",)
+        if not local:
+            raise OSError(f"test tried to reach the network: {address!r}")
+    return _connect(self, address)
+
+
+socket.socket.connect = _guarded_connect
+
+
+@pytest.fixture
+def task_identity():
+    """Messages built outside a running ServerApp need Flower's task identity set."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    before = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield TaskIdentity
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = before

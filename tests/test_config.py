@@ -1,0 +1,77 @@
+"""Config: defaults parse, bad values fail at start naming key, value and what is allowed."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from pflower.config import ALGORITHMS, Config, ConfigError
+from pflower.strategies import ALGORITHMS as REGISTERED
+
+PYPROJECT = Path(__file__).parents[1] / "pyproject.toml"
+
+
+def test_default_run_config_in_pyproject_parses():
+    run_config = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
+    cfg = Config.from_run_config(run_config)
+    assert cfg.dataset == "mnist-5k"  # offline by default
+    assert set(run_config) <= set(cfg.to_flat())
+
+
+def test_every_config_algorithm_is_registered():
+    assert set(ALGORITHMS) == set(REGISTERED)
+
+
+@pytest.mark.parametrize(
+    "key, value, allowed",
+    [
+        ("algorithm", "fedavgg", "'fedavg'"),
+        ("model", "resnet50", "'resnet18-gn'"),
+        ("split", "tail", "'head'"),
+        ("dataset", "cifar10", "hf:"),
+        ("partitioner", "shards", "'dirichlet'"),
+        ("class-assignment", "greedy", "'random'"),
+        ("device", "tpu", "'cuda'"),
+        ("fraction-train", 0.0, "greater than 0"),
+        ("fraction-train", 1.5, "less than or equal to 1"),
+        ("fraction-evaluate", -0.1, "greater than 0"),
+        ("num-server-rounds", 0, "greater than or equal to 1"),
+        ("lr", 0.0, "greater than 0"),
+        ("lr", -1.0, "greater than 0"),
+        ("batch-size", 0, "greater than or equal to 1"),
+        ("local-epochs", 0, "greater than or equal to 1"),
+        ("dirichlet-alpha", 0.0, "greater than 0"),
+        ("test-fraction", 1.0, "less than 1"),
+        ("classes-per-client", 11, "has 10 classes"),
+        ("split-patterns", "fc.*, ,head", "glob patterns"),
+        ("no-such-key", 1, "unknown key"),
+    ],
+)
+def test_bad_value_names_key_value_and_rule(key, value, allowed):
+    with pytest.raises(ConfigError) as err:
+        Config.from_run_config({key: value})
+    message = str(err.value)
+    assert f"'{key}'" in message
+    assert repr(value) in message or str(value) in message
+    assert allowed in message
+
+
+def test_classes_per_client_checked_against_synthetic_classes():
+    with pytest.raises(ConfigError, match="classes-per-client"):
+        Config.from_run_config(
+            {"dataset": "synthetic-leaf", "synthetic-classes": 5, "classes-per-client": 6}
+        )
+    # not checked when the partitioner does not deal classes
+    Config.from_run_config({"classes-per-client": 11, "partitioner": "iid"})
+
+
+def test_hub_and_disk_sources_accepted():
+    assert Config.from_run_config({"dataset": "hf:ylecun/mnist"}).dataset == "hf:ylecun/mnist"
+    assert Config.from_run_config({"dataset": "disk:/data/x"}).dataset == "disk:/data/x"
+
+
+def test_to_flat_roundtrip():
+    cfg = Config.from_run_config({"lr": 0.1, "split": "input"})
+    assert Config.from_run_config(cfg.to_flat()) == cfg

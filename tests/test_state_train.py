@@ -1,0 +1,100 @@
+"""Personal-state stores and the shared training primitive."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from flwr.app import RecordDict
+from torch.utils.data import DataLoader, TensorDataset
+
+from pflower.task.models import build_model
+from pflower.task.split import make_split, parameters
+from pflower.task.state import ContextStore, DirectoryStore, load_matching, open_store
+from pflower.task.train import evaluate, sgd
+
+
+def tensors():
+    return {"w": torch.randn(3, 4), "alpha": torch.tensor(0.25)}
+
+
+def test_context_store_roundtrip():
+    state = RecordDict()
+    store = ContextStore(state)
+    assert store.load("personal") is None
+    t = tensors()
+    store.save("personal", t)
+    back = store.load("personal")
+    assert set(back) == {"w", "alpha"} and torch.equal(back["w"], t["w"])
+    assert "pflower.personal" in state
+
+
+def test_directory_store_roundtrip_and_survives_a_new_instance(tmp_path):
+    t = tensors()
+    DirectoryStore(tmp_path).save("personal", t)
+    back = DirectoryStore(tmp_path).load("personal")  # e.g. after a SuperNode restart
+    assert torch.equal(back["w"], t["w"]) and float(back["alpha"]) == 0.25
+    assert [p.name for p in tmp_path.iterdir()] == ["personal.pt"]  # no temp file left
+
+
+def test_directory_store_corrupt_file_means_no_state(tmp_path, caplog):
+    (tmp_path / "personal.pt").write_bytes(b"not a torch file")
+    with caplog.at_level(logging.WARNING, logger="flwr.pflower"):
+        assert DirectoryStore(tmp_path).load("personal") is None
+    assert "unreadable" in caplog.text
+
+
+def test_open_store_follows_node_config(tmp_path):
+    assert isinstance(open_store(RecordDict(), {}), ContextStore)
+    assert isinstance(open_store(RecordDict(), {"state-dir": str(tmp_path)}), DirectoryStore)
+
+
+def test_load_matching_rejects_other_shapes():
+    store = ContextStore(RecordDict())
+    store.save("personal", {"w": torch.zeros(2, 2)})
+    assert load_matching(store, "personal", {"w": torch.ones(2, 2)}) is not None
+    assert load_matching(store, "personal", {"w": torch.ones(3, 2)}) is None
+    assert load_matching(store, "personal", {"v": torch.ones(2, 2)}) is None
+
+
+def _loader(n=64, batch=16):
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
+    return DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=True, generator=g)
+
+
+def test_sgd_updates_only_the_given_parameters_even_with_weight_decay():
+    model = build_model("mlp", (1, 28, 28), 10)
+    split = make_split(model, "head")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    result = sgd(model, parameters(model, split.personal), _loader(), lr=0.1, epochs=2,
+                 weight_decay=0.1, momentum=0.9, max_grad_norm=1.0)
+    assert result.steps == 8 and result.examples == 128
+    for n, p in model.named_parameters():
+        changed = not torch.equal(p, before[n])
+        assert changed == (n in split.personal), n
+    assert all(p.requires_grad for p in model.parameters())  # freezing is undone
+
+
+def test_sgd_steps_cycle_over_the_loader_and_match_a_hand_step():
+    model = build_model("logreg", (1, 28, 28), 10)
+    loader = _loader(n=16, batch=16)  # one batch: the step is deterministic
+    x, y = next(iter(loader))
+    w0 = [p.detach().clone() for p in model.parameters()]
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    result = sgd(model, list(model.parameters()), loader, lr=0.5, steps=1)
+    assert result.steps == 1
+    for p, p0, g in zip(model.parameters(), w0, grads):
+        assert torch.allclose(p, p0 - 0.5 * g, atol=1e-6)
+    assert sgd(model, list(model.parameters()), loader, lr=0.5, steps=5).steps == 5
+
+
+def test_evaluate_counts_correct_predictions():
+    model = build_model("logreg", (1, 28, 28), 10)
+    loader = DataLoader(_loader(n=40).dataset, batch_size=7)
+    out = evaluate(model, loader)
+    batches = list(loader)
+    x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    assert out["num-examples"] == 40
+    assert out["correct"] == int((model(x).argmax(1) == y).sum())
