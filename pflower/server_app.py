@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from flwr.app import ArrayRecord, Context
@@ -66,15 +66,22 @@ def run(grid: Grid, cfg: Config) -> report.RunReport:
     return result
 
 
-def build_server_app(overrides: Mapping | None = None) -> ServerApp:
-    """A ServerApp; ``overrides`` are run-config keys applied over ``context.run_config``."""
+def build_server_app(
+    overrides: Mapping | None = None,
+    on_report: Callable[[report.RunReport], None] | None = None,
+) -> ServerApp:
+    """A ServerApp; ``overrides`` are run-config keys applied over ``context.run_config``
+    (``flwr.simulation.run_simulation`` passes no run config); ``on_report`` receives the
+    run's report (tests and benchmarks read results from it)."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         # Parse (and so validate) the whole config before anything else starts.
         cfg = Config.from_run_config({**context.run_config, **(overrides or {})})
-        run(grid, cfg)
+        result = run(grid, cfg)
+        if on_report is not None:
+            on_report(result)
 
     return app
 

@@ -94,7 +94,9 @@ def test_synthetic_leaf_natural_clients():
     counts = np.bincount(ids)
     assert (counts >= 500).all() and (counts <= 1000).all()
     c = cfg(dataset="synthetic-leaf", partitioner="natural")
-    sizes = [len(client_arrays(c, p, 6).y_train) + len(client_arrays(c, p, 6).y_test) for p in range(6)]
+    sizes = [
+        len(client_arrays(c, p, 6).y_train) + len(client_arrays(c, p, 6).y_test) for p in range(6)
+    ]
     assert sorted(sizes) == sorted(counts.tolist())
     with pytest.raises(ValueError, match="num-supernodes"):
         data_module._check_partitions(c, data_module._source(c, 6).partitioner, 7)
@@ -111,26 +113,34 @@ def test_loaders_shapes_and_reshuffle():
 def _small_images(n=60, classes=3, seed=0) -> datasets.Dataset:
     rng = np.random.default_rng(seed)
     images = [rng.integers(0, 255, (10, 10), dtype=np.uint8) for _ in range(n)]
-    features = datasets.Features({
-        "image": datasets.Image(),
-        "label": datasets.ClassLabel(num_classes=classes),
-        "writer_id": datasets.Value("int64"),
-    })
+    features = datasets.Features(
+        {
+            "image": datasets.Image(),
+            "label": datasets.ClassLabel(num_classes=classes),
+            "writer_id": datasets.Value("int64"),
+        }
+    )
     return datasets.Dataset.from_dict(
-        {"image": images, "label": [i % classes for i in range(n)],
-         "writer_id": [i % 4 for i in range(n)]},
+        {
+            "image": images,
+            "label": [i % classes for i in range(n)],
+            "writer_id": [i % 4 for i in range(n)],
+        },
         features=features,
     )
 
 
 def test_disk_source_save_to_disk(tmp_path):
     _small_images().save_to_disk(tmp_path / "ds")
-    c = cfg(dataset=f"disk:{tmp_path / 'ds'}", partitioner="pathological",
-            **{"classes-per-client": 1, "test-fraction": 0.25})
+    c = cfg(
+        dataset=f"disk:{tmp_path / 'ds'}",
+        partitioner="pathological",
+        **{"classes-per-client": 1, "test-fraction": 0.25},
+    )
     assert dataset_info(c).input_shape == (1, 10, 10) and dataset_info(c).num_classes == 3
     a = client_arrays(c, 1, 3)
     assert a.x_train.shape[1:] == (1, 10, 10) and len(set(a.y_train.tolist())) == 1
-    assert 0 <= a.x_train.min() and a.x_train.max() <= 1
+    assert a.x_train.min() >= 0 and a.x_train.max() <= 1
 
 
 def test_disk_source_datasetdict_and_parquet_folder_and_natural(tmp_path):
@@ -141,8 +151,10 @@ def test_disk_source_datasetdict_and_parquet_folder_and_natural(tmp_path):
     ds.select(range(30, 60)).to_parquet(tmp_path / "pq" / "b.parquet")
     for path in (tmp_path / "dd", tmp_path / "pq"):
         c = cfg(dataset=f"disk:{path}", partitioner="natural", **{"natural-column": "writer_id"})
-        total = sum(len(client_arrays(c, p, 4).y_train) + len(client_arrays(c, p, 4).y_test)
-                    for p in range(4))
+        total = sum(
+            len(client_arrays(c, p, 4).y_train) + len(client_arrays(c, p, 4).y_test)
+            for p in range(4)
+        )
         assert total == 60
 
 

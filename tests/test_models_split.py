@@ -10,8 +10,12 @@ from pflower.task.models import ConvAdapter, MLPAdapter, build_model
 from pflower.task.split import get_tensors, make_split, set_tensors
 
 SHAPES = {
-    "logreg": (1, 28, 28), "mlp": (1, 28, 28), "pflego-mlp": (1, 28, 28),
-    "cnn-cifar": (3, 32, 32), "cnn-apfl": (3, 32, 32), "conv4": (1, 28, 28),
+    "logreg": (1, 28, 28),
+    "mlp": (1, 28, 28),
+    "pflego-mlp": (1, 28, 28),
+    "cnn-cifar": (3, 32, 32),
+    "cnn-apfl": (3, 32, 32),
+    "conv4": (1, 28, 28),
     "resnet18-gn": (1, 28, 28),
 }
 
@@ -72,7 +76,10 @@ def test_adapter_split_holds_adapters_and_norms_only():
 @pytest.mark.parametrize("name", ["mlp", "conv4"])
 def test_adapters_start_near_identity_and_identical_across_builds(name):
     x = torch.rand(4, *SHAPES[name])
-    plain, adapted = build_model(name, SHAPES[name], 10), build_model(name, SHAPES[name], 10, adapters=True)
+    plain, adapted = (
+        build_model(name, SHAPES[name], 10),
+        build_model(name, SHAPES[name], 10, adapters=True),
+    )
     again = build_model(name, SHAPES[name], 10, adapters=True)
     for (n1, p1), (n2, p2) in zip(adapted.named_parameters(), again.named_parameters()):
         assert n1 == n2 and torch.equal(p1, p2)

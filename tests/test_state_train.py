@@ -67,8 +67,16 @@ def test_sgd_updates_only_the_given_parameters_even_with_weight_decay():
     model = build_model("mlp", (1, 28, 28), 10)
     split = make_split(model, "head")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    result = sgd(model, parameters(model, split.personal), _loader(), lr=0.1, epochs=2,
-                 weight_decay=0.1, momentum=0.9, max_grad_norm=1.0)
+    result = sgd(
+        model,
+        parameters(model, split.personal),
+        _loader(),
+        lr=0.1,
+        epochs=2,
+        weight_decay=0.1,
+        momentum=0.9,
+        max_grad_norm=1.0,
+    )
     assert result.steps == 8 and result.examples == 128
     for n, p in model.named_parameters():
         changed = not torch.equal(p, before[n])

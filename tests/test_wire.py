@@ -1,0 +1,170 @@
+"""What crosses the wire: only shared parameters; malformed replies are dropped and counted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+
+from pflower.client_app import build_client_app
+from pflower.config import Config
+from pflower.strategies import ALGORITHMS, FedAvg, personal_split, wire_split
+from pflower.task.data import dataset_info
+from pflower.task.models import build_model
+from pflower.task.split import get_tensors
+
+SMALL = {"dataset": "digits", "model": "mlp", "batch-size": 64, "finetune-epochs": 1}
+
+
+def _server_side(overrides):
+    cfg = Config.from_run_config(overrides)
+    info = dataset_info(cfg)
+    model = build_model(cfg.model, info.input_shape, info.num_classes, seed=cfg.seed)
+    return model, wire_split(model, cfg), personal_split(model, cfg)
+
+
+def _names_in(content: RecordDict) -> set[str]:
+    names = set(content.keys())
+    for record in content.values():
+        names |= set(record.keys())
+    return names
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+@pytest.mark.parametrize("split", ["head", "input"])
+def test_client_replies_carry_no_personal_parameter(task_identity, algorithm, split):
+    overrides = {**SMALL, "algorithm": algorithm, "split": split}
+    model, wire, personal = _server_side(overrides)
+    app = build_client_app(overrides)
+    context = Context(
+        run_id=1,
+        node_id=7,
+        node_config={"partition-id": 1, "num-partitions": 4},
+        state=RecordDict(),
+        run_config={},
+    )
+    shared = ArrayRecord(get_tensors(model, wire.shared))
+    private = set(wire.personal) | set(personal.personal) - set(wire.shared)
+    for server_round, kind in [
+        (1, MessageType.TRAIN),
+        (2, MessageType.TRAIN),
+        (2, MessageType.EVALUATE),
+    ]:
+        content = RecordDict(
+            {"arrays": shared, "config": ConfigRecord({"server-round": server_round, "lr": 0.05})}
+        )
+        msg = Message(content=content, dst_node_id=7, message_type=kind)
+        reply = app(msg, context)
+        assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
+        names = _names_in(reply.content)
+        assert not names & private, f"{algorithm}: {sorted(names & private)} left the client"
+        if kind == MessageType.TRAIN:
+            half = ALGORITHMS[algorithm].client
+            assert set(reply.content.array_records) == {half.reply_key}
+            assert list(reply.content[half.reply_key].keys()) == list(wire.shared)
+        else:
+            assert not reply.content.array_records  # evaluation sends metrics only
+            metrics = reply.content["metrics"]
+            assert 0 <= metrics["personal-accuracy"] <= 1 and metrics["num-examples"] > 0
+
+
+class FakeGrid:
+    def __init__(self, nodes):
+        self.nodes = nodes
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+
+def _reply(msg: Message, arrays: dict | None, metrics: dict | None, key="arrays") -> Message:
+    content = RecordDict()
+    if arrays is not None:
+        content[key] = ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()})
+    if metrics is not None:
+        content["metrics"] = MetricRecord(metrics)
+    return Message(content=content, reply_to=msg)
+
+
+def test_malformed_replies_are_dropped_and_counted(task_identity):
+    strategy = FedAvg(fraction_train=1.0)
+    strategy.num_rounds = 1
+    current = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)}
+    arrays = ArrayRecord({k: Array(v) for k, v in current.items()})
+    msgs = list(strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid(range(1, 10))))
+    assert len(msgs) == 9
+    good1 = {"w": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32)}
+    good2 = {"w": 4 * np.ones((2, 3), np.float32), "b": 4 * np.ones(3, np.float32)}
+    nan = {"w": np.full((2, 3), np.nan, np.float32), "b": np.ones(3, np.float32)}
+    replies = [
+        _reply(msgs[0], good1, {"num-examples": 30}),
+        _reply(msgs[1], good2, {"num-examples": 10}),
+        _reply(msgs[2], nan, {"num-examples": 10}),  # NaN
+        _reply(msgs[3], {"w": np.ones((3, 2), np.float32), "b": good1["b"]}, {"num-examples": 10}),
+        _reply(msgs[4], good1, {"num-examples": 10}, key="gradient"),  # wrong key
+        _reply(msgs[5], {"w": good1["w"]}, {"num-examples": 10}),  # missing array
+        _reply(msgs[6], good1, {"loss": 1.0}),  # no num-examples
+        _reply(msgs[7], {**good1, "head.weight": np.ones(2, np.float32)}, {"num-examples": 5}),
+        Message(Error(code=0, reason="boom"), reply_to=msgs[8]),  # client error
+    ]
+    new, metrics = strategy.aggregate_train(1, replies)
+    # weighted by num-examples over the two good replies: (30 * 1 + 10 * 4) / 40 = 1.75
+    assert np.allclose(new["w"].numpy(), 1.75) and np.allclose(new["b"].numpy(), 1.75)
+    assert metrics["applied"] == 2 and metrics["dropped"] == 7
+    assert sum(strategy.history[-1].dropped.values()) == 7
+
+
+def test_a_round_with_only_bad_replies_keeps_the_model(task_identity):
+    strategy = FedAvg()
+    strategy.num_rounds = 1
+    arrays = ArrayRecord({"w": Array(np.zeros(2, np.float32))})
+    (msg,) = strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid([5]))
+    new, metrics = strategy.aggregate_train(
+        1, [_reply(msg, {"w": np.array([np.inf, 0], np.float32)}, {"num-examples": 3})]
+    )
+    assert new is None and metrics["dropped"] == 1
+
+
+def test_sampling_is_without_replacement_and_seeded():
+    a, b = FedAvg(fraction_train=0.3, seed=1), FedAvg(fraction_train=0.3, seed=1)
+    grid = FakeGrid(range(100, 120))
+    for _ in range(5):
+        s = a.sample(grid, 0.3)
+        assert len(s) == len(set(s)) == 6
+        assert s == b.sample(grid, 0.3)
+    assert a.sample(grid, 0.3, everyone=True) == list(range(100, 120))
+
+
+def test_evaluation_summary_statistics():
+    from pflower.strategies.base import summarize_clients
+
+    rows = [
+        {
+            "num-examples": 10,
+            "personal-accuracy": 0.9,
+            "personal-loss": 0.1,
+            "global-accuracy": 0.5,
+            "global-loss": 1.0,
+        },
+        {
+            "num-examples": 30,
+            "personal-accuracy": 0.5,
+            "personal-loss": 0.7,
+            "global-accuracy": 0.6,
+            "global-loss": 0.9,
+        },
+    ]
+    s = summarize_clients(rows)
+    assert s["personal-accuracy"] == pytest.approx((9 + 15) / 40)  # pooled over examples
+    assert s["personal-accuracy-mean"] == pytest.approx(0.7)
+    assert s["personal-accuracy-worst"] == 0.5 and s["clients-hurt"] == 1
+    assert s["global-accuracy"] == pytest.approx((5 + 18) / 40)
