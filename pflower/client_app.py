@@ -16,7 +16,7 @@ from flwr.clientapp import ClientApp
 
 from pflower.config import Config
 from pflower.strategies import get_algorithm, wire_split
-from pflower.strategies.base import ARRAYS, CONFIG, METRICS, ClientJob
+from pflower.strategies.base import ARRAYS, CONFIG, METRICS, PERSONAL_INIT, ClientJob
 from pflower.task.data import dataset_info, load_client_data
 from pflower.task.models import build_model
 from pflower.task.split import Split, get_tensors
@@ -83,6 +83,8 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
         cfg = parse_config(frozenset({**context.run_config, **(overrides or {})}.items()))
         config = dict(msg.content[CONFIG])
         job = make_job(cfg, context, int(config.get("server-round", 0)))
+        if PERSONAL_INIT in msg.content:
+            job.set_personal_init(msg.content[PERSONAL_INIT])
         job.set_shared(msg.content[ARRAYS])
         return cfg, job, config
 
@@ -90,8 +92,12 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
     def train(msg: Message, context: Context) -> Message:
         cfg, job, config = setup(msg, context)
         half = get_algorithm(cfg.algorithm).client
-        record, metrics = half.train(job, config)
-        content = RecordDict({half.reply_key: record, METRICS: MetricRecord(metrics)})
+        if config.get("phase") == "pretrain":
+            record, metrics = half.pretrain(job, config)
+            key = ARRAYS
+        else:
+            (record, metrics), key = half.train(job, config), half.reply_key
+        content = RecordDict({key: record, METRICS: MetricRecord(metrics)})
         return Message(content=content, reply_to=msg)
 
     @app.evaluate()

@@ -17,7 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 #: Algorithms the app can run. ``fedavg``: FedAvg on the whole model. ``fedavg-ft``: FedAvg,
 #: evaluated after personal-only fine-tuning. ``local``: no federation, each client alone.
-ALGORITHMS = ("fedavg", "fedavg-ft", "local")
+#: ``fedalt`` / ``fedsim``: Pillutla et al. 2022; ``fedrep`` / ``fedper`` are the literature's
+#: names for FedAlt / FedSim with the head split.
+ALGORITHMS = ("fedavg", "fedavg-ft", "local", "fedalt", "fedsim", "fedrep", "fedper")
+HEAD_ALIASES = {"fedrep": "fedalt", "fedper": "fedsim"}
+SERVER_OPTIMIZERS = ("sgd", "adam")
+LR_SCHEDULES = ("constant", "linear", "exponential")
 MODELS = ("logreg", "mlp", "pflego-mlp", "cnn-cifar", "cnn-apfl", "conv4", "resnet18-gn")
 SPLITS = ("none", "head", "input", "adapter", "full")
 BUILTIN_DATASETS = ("mnist-5k", "digits", "synthetic-leaf")
@@ -91,6 +96,24 @@ class Config(BaseModel):
     finetune_epochs: int = Field(5, alias="finetune-epochs", ge=0)
     finetune_lr: float = Field(0.0, alias="finetune-lr", ge=0)
 
+    # --- server optimizer and client-lr schedule (all algorithms that aggregate) ----------
+    server_optimizer: str = Field("sgd", alias="server-optimizer")
+    server_lr: float = Field(1.0, alias="server-lr", gt=0)
+    server_beta1: float = Field(0.9, alias="server-beta1", ge=0, lt=1)
+    server_beta2: float = Field(0.999, alias="server-beta2", ge=0, lt=1)
+    server_eps: float = Field(1e-8, alias="server-eps", gt=0)
+    lr_schedule: str = Field("constant", alias="lr-schedule")
+    lr_warmup_fraction: float = Field(0.1, alias="lr-warmup-fraction", ge=0, lt=1)
+    lr_halve_every: int = Field(500, alias="lr-halve-every", ge=1)
+
+    # --- personalization: FedAlt / FedSim and the 3-step pipeline -----------------------------
+    personal_lr: float = Field(0.0, alias="personal-lr", ge=0)
+    personal_epochs: int = Field(1, alias="personal-epochs", ge=0)
+    personal_steps: int = Field(0, alias="personal-steps", ge=0)
+    stateful: bool = True
+    pretrain_rounds: int = Field(0, alias="pretrain-rounds", ge=0)
+    pretrain_lr: float = Field(0.0, alias="pretrain-lr", ge=0)
+
     # --- run -------------------------------------------------------------------------------
     seed: int = 0
     device: str = "auto"
@@ -104,6 +127,19 @@ class Config(BaseModel):
         _one_of("partitioner", self.partitioner, PARTITIONERS)
         _one_of("class-assignment", self.class_assignment, CLASS_ASSIGNMENTS)
         _one_of("device", self.device, DEVICES)
+        _one_of("server-optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
+        _one_of("lr-schedule", self.lr_schedule, LR_SCHEDULES)
+        if self.algorithm in HEAD_ALIASES and (self.split != "head" or self.split_patterns):
+            raise ConfigError(
+                f"key 'split' = {self.split!r}: algorithm {self.algorithm!r} is "
+                f"{HEAD_ALIASES[self.algorithm]!r} with the head split; use split 'head', or "
+                f"algorithm {HEAD_ALIASES[self.algorithm]!r} for other splits"
+            )
+        if self.personal_epochs == 0 and self.personal_steps == 0:
+            raise ConfigError(
+                "key 'personal-epochs' = 0: with 'personal-steps' = 0 too there would be no "
+                "personal update; set one of them > 0"
+            )
         if self.dataset not in BUILTIN_DATASETS and not (
             self.dataset.startswith(DATASET_PREFIXES) and len(self.dataset) > 5
         ):
@@ -143,6 +179,24 @@ class Config(BaseModel):
     @property
     def effective_finetune_lr(self) -> float:
         return self.finetune_lr or self.lr
+
+    @property
+    def effective_personal_lr(self) -> float:
+        return self.personal_lr or self.lr
+
+    @property
+    def effective_pretrain_lr(self) -> float:
+        return self.pretrain_lr or self.lr
+
+    @property
+    def base_algorithm(self) -> str:
+        """``fedrep`` -> ``fedalt``, ``fedper`` -> ``fedsim``; others unchanged."""
+        return HEAD_ALIASES.get(self.algorithm, self.algorithm)
+
+    @property
+    def total_rounds(self) -> int:
+        """FedAvg pre-training rounds plus the algorithm's rounds."""
+        return self.pretrain_rounds + self.num_server_rounds
 
     def to_flat(self) -> dict[str, Any]:
         """The flat dashed mapping (as in ``[tool.flwr.app.config]``) of this config."""

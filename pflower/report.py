@@ -139,12 +139,18 @@ def _pct(summary: dict, key: str) -> str:
     return f"{100 * summary[key]:6.2f}" if key in summary else "     –"
 
 
+def _rounds(cfg: Config) -> str:
+    if cfg.pretrain_rounds:
+        return f"{cfg.pretrain_rounds} FedAvg + {cfg.num_server_rounds} rounds"
+    return f"{cfg.num_server_rounds} rounds"
+
+
 def summary_table(report: RunReport) -> str:
     """A one-screen Markdown table of the final evaluation."""
     s, cfg = report.final, report.cfg
     lines = [
         f"pflower: {cfg.algorithm} | {cfg.model} | split {report.split} | {cfg.dataset} "
-        f"({cfg.partitioner}) | {report.num_nodes} clients | {cfg.num_server_rounds} rounds "
+        f"({cfg.partitioner}) | {report.num_nodes} clients | {_rounds(cfg)} "
         f"| {report.seconds:.0f} s",
         "",
         "| test accuracy (%)        | personalized | global |",

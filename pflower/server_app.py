@@ -45,11 +45,13 @@ def run(grid: Grid, cfg: Config) -> report.RunReport:
     log.info(
         "on the wire: %d of %d parameters", split.num_shared, split.num_shared + split.num_personal
     )
-    strategy = make_strategy(cfg)
+    strategy = make_strategy(cfg, split.shared)
+    # With FedAvg pre-training the whole model travels first; the strategy splits it after.
+    initial = [n for n, _ in model.named_parameters()] if cfg.pretrain_rounds else split.shared
     strategy.start(
         grid=grid,
-        initial_arrays=ArrayRecord(get_tensors(model, split.shared)),
-        num_rounds=cfg.num_server_rounds,
+        initial_arrays=ArrayRecord(get_tensors(model, initial)),
+        num_rounds=cfg.total_rounds,
         timeout=cfg.round_timeout,
     )
     result = report.RunReport(

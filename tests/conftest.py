@@ -11,6 +11,8 @@ import pytest
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # Flower's usage telemetry posts online
+os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 
 _connect = socket.socket.connect
 

@@ -20,6 +20,14 @@ from pflower.strategies.base import (
     PersonalizedStrategy,
     strategy_kwargs,
 )
+from pflower.strategies.fedalt import (
+    FedAlt,
+    FedAltClient,
+    FedSim,
+    FedSimClient,
+    fedalt_strategy,
+    fedsim_strategy,
+)
 from pflower.strategies.fedavg import (
     FedAvg,
     FedAvgClient,
@@ -52,6 +60,11 @@ ALGORITHMS: dict[str, Algorithm] = {
     "fedavg": Algorithm(fedavg_strategy, FedAvgClient(), "none", "none"),
     "fedavg-ft": Algorithm(fedavg_strategy, FedAvgFineTuneClient(), "none", "config"),
     "local": Algorithm(local_strategy, LocalClient(), "full", "full"),
+    "fedalt": Algorithm(fedalt_strategy, FedAltClient()),
+    "fedsim": Algorithm(fedsim_strategy, FedSimClient()),
+    # the literature's names for FedAlt / FedSim with the head split (config enforces it)
+    "fedrep": Algorithm(fedalt_strategy, FedAltClient()),
+    "fedper": Algorithm(fedsim_strategy, FedSimClient()),
 }
 
 
@@ -64,9 +77,11 @@ def get_algorithm(name: str) -> Algorithm:
         ) from None
 
 
-def make_strategy(cfg: Config) -> PersonalizedStrategy:
-    """The strategy of ``cfg.algorithm`` with the run config's settings."""
-    return get_algorithm(cfg.algorithm).strategy(cfg, **strategy_kwargs(cfg))
+def make_strategy(cfg: Config, shared_names=None) -> PersonalizedStrategy:
+    """The strategy of ``cfg.algorithm`` with the run config's settings.
+
+    ``shared_names`` (the wire split's shared parameters) is needed with pre-training."""
+    return get_algorithm(cfg.algorithm).strategy(cfg, **strategy_kwargs(cfg, shared_names))
 
 
 def _split(model: nn.Module, cfg: Config, rule: str) -> Split:
@@ -91,11 +106,15 @@ __all__ = [
     "ClientHalf",
     "ClientJob",
     "ClientUpdate",
+    "FedAlt",
+    "FedAltClient",
     "FedAvg",
     "FedAvgClient",
     "FedAvgFineTuneClient",
     "Local",
     "LocalClient",
+    "FedSim",
+    "FedSimClient",
     "PersonalizedStrategy",
     "get_algorithm",
     "make_strategy",

@@ -24,7 +24,7 @@ import logging
 import random
 import time
 from abc import abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +44,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pflower.config import Config
+from pflower.strategies.server_opt import ServerOptimizer, client_lr
 from pflower.task import split as splits
 from pflower.task import train as training
 from pflower.task.state import Store, load_matching
@@ -55,6 +56,7 @@ ARRAYS, DELTA, GRADIENT = "arrays", "delta", "gradient"
 CONFIG, METRICS = "config", "metrics"
 NUM_EXAMPLES = "num-examples"
 PERSONAL = "personal"  # store key of the personal parameters
+PERSONAL_INIT = "personal-init"  # server -> client: the pre-trained model's personal slice
 
 
 # ==========================================================================================
@@ -90,7 +92,14 @@ class PersonalizedStrategy(Strategy):
     """Base strategy: sampling, messages, reply checks, per-client evaluation metrics.
 
     Subclasses implement ``aggregate`` (checked updates -> new shared arrays) and may add
-    settings to the train config with ``train_config``.
+    settings to each round's config with ``train_config``.
+
+    **Pipeline.** With ``pretrain_rounds = P > 0`` the first P rounds are FedAvg on the whole
+    model (config ``phase = "pretrain"``, reply key ``arrays``); then the model is split: the
+    shared part ``shared_names`` goes on as the algorithm's ``arrays``, and the rest, the
+    pre-trained personal slice, is sent as ``personal-init`` with every later message so that
+    a client without personal state starts from it (Pillutla et al. 2022, step (a) -> (b)).
+    It is the global model's slice, not any client's personal state.
 
     Parameters
     ----------
@@ -104,7 +113,21 @@ class PersonalizedStrategy(Strategy):
         The ArrayRecord key a training reply must carry: ``arrays`` (new weights),
         ``delta`` or ``gradient``; no other is accepted.
     lr : float (default: 0.05)
-        Client learning rate sent in each round's config.
+        Client learning rate, scheduled across the algorithm's rounds by ``lr_schedule``.
+    lr_schedule : str (default: "constant")
+        ``constant``, ``linear`` (warm-up over ``lr_warmup_fraction`` of the rounds, then
+        linear decay to 0) or ``exponential`` (halve every ``lr_halve_every`` rounds).
+    lr_warmup_fraction : float (default: 0.1)
+    lr_halve_every : int (default: 500)
+    server_optimizer : ServerOptimizer or None (default: None)
+        Applied to the pseudo-gradient (or gradient) by subclasses that use one;
+        ``None`` means SGD with server lr 1 (FedAvg).
+    pretrain_rounds : int (default: 0)
+        FedAvg rounds on the whole model before the algorithm starts.
+    pretrain_lr : float or None (default: None)
+        Client lr of the pre-training rounds (``None``: ``lr``).
+    shared_names : sequence of str or None (default: None)
+        Names of the shared parameters; required when ``pretrain_rounds > 0``.
     seed : int (default: 0)
         Seed of the client-sampling generator.
     min_available_nodes : int (default: 1)
@@ -119,6 +142,13 @@ class PersonalizedStrategy(Strategy):
         evaluate_every: int = 1,
         reply_key: str = ARRAYS,
         lr: float = 0.05,
+        lr_schedule: str = "constant",
+        lr_warmup_fraction: float = 0.1,
+        lr_halve_every: int = 500,
+        server_optimizer: ServerOptimizer | None = None,
+        pretrain_rounds: int = 0,
+        pretrain_lr: float | None = None,
+        shared_names: Sequence[str] | None = None,
         seed: int = 0,
         min_available_nodes: int = 1,
     ) -> None:
@@ -132,22 +162,42 @@ class PersonalizedStrategy(Strategy):
             raise ValueError(
                 f"reply_key = {reply_key!r}: must be {ARRAYS!r}, {DELTA!r} or {GRADIENT!r}"
             )
+        if not lr > 0:
+            raise ValueError(f"lr = {lr}: must be > 0")
+        if pretrain_rounds < 0:
+            raise ValueError(f"pretrain_rounds = {pretrain_rounds}: must be >= 0")
+        if pretrain_rounds and shared_names is None:
+            raise ValueError("pretrain_rounds > 0 needs shared_names to split the model after it")
+        client_lr(lr, 1, 1, lr_schedule)  # validates the schedule name
         self.fraction_train = fraction_train
         self.fraction_evaluate = fraction_evaluate
         self.evaluate_every = evaluate_every
         self.reply_key = reply_key
         self.lr = lr
+        self.lr_schedule = lr_schedule
+        self.lr_warmup_fraction = lr_warmup_fraction
+        self.lr_halve_every = lr_halve_every
+        self.server_optimizer = server_optimizer or ServerOptimizer("sgd", 1.0)
+        self.pretrain_rounds = pretrain_rounds
+        self.pretrain_lr = pretrain_lr or lr
+        self.shared_names = list(shared_names) if shared_names is not None else None
         self.min_available_nodes = min_available_nodes
         self.rng = random.Random(seed)
         self.num_rounds = 0
         self.history: list[RoundLog] = []
         self.final_clients: list[dict[str, float]] = []
+        self.personal_init: ArrayRecord | None = None
         self._current: ArrayRecord = ArrayRecord()
         self._round_start = 0.0
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, **kwargs):
-        """Flower's round loop; remembers ``num_rounds`` so the last round evaluates all."""
+        """Flower's round loop; ``num_rounds`` counts pre-training rounds too."""
+        if num_rounds <= self.pretrain_rounds:
+            raise ValueError(
+                f"num_rounds = {num_rounds} leaves no round after {self.pretrain_rounds} "
+                "pre-training rounds"
+            )
         self.num_rounds = num_rounds
         self.history = []
         return super().start(grid, initial_arrays, num_rounds=num_rounds, **kwargs)
@@ -160,13 +210,23 @@ class PersonalizedStrategy(Strategy):
             self.fraction_evaluate,
             self.evaluate_every,
         )
-        log.info("\t│\t├── client lr %g", self.lr)
+        if self.pretrain_rounds:
+            log.info(
+                "\t│\t├── %d FedAvg pre-training rounds (client lr %g)",
+                self.pretrain_rounds,
+                self.pretrain_lr,
+            )
+        log.info("\t│\t├── client lr %g (%s schedule)", self.lr, self.lr_schedule)
+        log.info("\t│\t├── server optimizer %s", self.server_optimizer.describe())
         log.info("\t│\t└── reply key %r", self.reply_key)
 
     def _log(self, server_round: int) -> RoundLog:
         if not self.history or self.history[-1].round != server_round:
             self.history.append(RoundLog(round=server_round))
         return self.history[-1]
+
+    def pretraining(self, server_round: int) -> bool:
+        return server_round <= self.pretrain_rounds
 
     # --- sampling and messages -------------------------------------------------------------
     def sample(self, grid: Grid, fraction: float, everyone: bool = False) -> list[int]:
@@ -182,21 +242,47 @@ class PersonalizedStrategy(Strategy):
 
     def train_config(self, server_round: int) -> dict:
         """Settings sent to clients with each training round (subclasses add theirs)."""
-        return {"lr": self.lr}
+        if self.pretraining(server_round):
+            return {"lr": self.pretrain_lr}
+        t = server_round - self.pretrain_rounds
+        rounds = self.num_rounds - self.pretrain_rounds
+        lr = client_lr(
+            self.lr, t, rounds, self.lr_schedule, self.lr_warmup_fraction, self.lr_halve_every
+        )
+        # lr-scale: the schedule's factor, for clients with more than one learning rate
+        return {"lr": lr, "lr-scale": lr / self.lr}
 
-    def _messages(self, node_ids, arrays, config: dict, message_type: str) -> list[Message]:
-        content = RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(config)})
+    def _split_after_pretraining(self, arrays: ArrayRecord) -> ArrayRecord:
+        """At the first round after pre-training: keep the shared part, set ``personal_init``."""
+        if not self.pretrain_rounds or self.personal_init is not None:
+            return arrays
+        shared = set(self.shared_names)
+        self.personal_init = ArrayRecord({k: a for k, a in arrays.items() if k not in shared})
+        return ArrayRecord({k: a for k, a in arrays.items() if k in shared})
+
+    def _messages(self, server_round, node_ids, arrays, config: dict, message_type: str):
+        phase = "pretrain" if self.pretraining(server_round) else "train"
+        content = RecordDict(
+            {
+                ARRAYS: arrays,
+                CONFIG: ConfigRecord({**config, "server-round": server_round, "phase": phase}),
+            }
+        )
+        if self.personal_init is not None:
+            content[PERSONAL_INIT] = self.personal_init
         return [
             Message(content=content, message_type=message_type, dst_node_id=n) for n in node_ids
         ]
 
     def configure_train(self, server_round, arrays, config, grid) -> Iterable[Message]:
         self._round_start = time.perf_counter()
+        if not self.pretraining(server_round):
+            arrays = self._split_after_pretraining(arrays)
         self._current = arrays
         nodes = self.sample(grid, self.fraction_train)
         log.info("round %d: training on %d nodes", server_round, len(nodes))
-        settings = {**dict(config), **self.train_config(server_round), "server-round": server_round}
-        return self._messages(nodes, arrays, settings, MessageType.TRAIN)
+        settings = {**dict(config), **self.train_config(server_round)}
+        return self._messages(server_round, nodes, arrays, settings, MessageType.TRAIN)
 
     def should_evaluate(self, server_round: int) -> bool:
         return server_round == self.num_rounds or server_round % self.evaluate_every == 0
@@ -204,10 +290,12 @@ class PersonalizedStrategy(Strategy):
     def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
         if not self.should_evaluate(server_round):
             return []
+        if not self.pretraining(server_round):
+            arrays = self._split_after_pretraining(arrays)
         final = server_round == self.num_rounds
         nodes = self.sample(grid, self.fraction_evaluate, everyone=final)
-        settings = {**dict(config), "server-round": server_round, "final": final}
-        return self._messages(nodes, arrays, settings, MessageType.EVALUATE)
+        settings = {**dict(config), "final": final}
+        return self._messages(server_round, nodes, arrays, settings, MessageType.EVALUATE)
 
     # --- reply checks ----------------------------------------------------------------------
     def _drop(self, server_round: int, node_id: int, reason: str) -> None:
@@ -237,6 +325,7 @@ class PersonalizedStrategy(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> list[ClientUpdate]:
         """Keep well-formed replies; drop and count the others."""
+        reply_key = ARRAYS if self.pretraining(server_round) else self.reply_key
         expected = {k: (tuple(a.shape), a.dtype) for k, a in self._current.items()}
         updates = []
         for msg in replies:
@@ -248,14 +337,11 @@ class PersonalizedStrategy(Strategy):
                 self._drop(server_round, node, "num-examples is not positive")
                 continue
             records = msg.content.array_records
-            if set(records) != {self.reply_key}:
-                self._drop(
-                    server_round,
-                    node,
-                    f"expected array record {self.reply_key!r}, got {sorted(records)}",
-                )
+            if set(records) != {reply_key}:
+                got_keys = sorted(records)
+                self._drop(server_round, node, f"expected record {reply_key!r}, got {got_keys}")
                 continue
-            record = records[self.reply_key]
+            record = records[reply_key]
             got = {k: (tuple(a.shape), a.dtype) for k, a in record.items()}
             if got != expected:
                 wrong = sorted(set(got.items()) ^ set(expected.items()))[:3]
@@ -279,6 +365,14 @@ class PersonalizedStrategy(Strategy):
     ) -> dict[str, np.ndarray]:
         """New shared parameters from the current ones and the checked updates (non-empty)."""
 
+    def average_weights(
+        self, current: dict[str, np.ndarray], updates: list[ClientUpdate]
+    ) -> dict[str, np.ndarray]:
+        """Data-size weighted mean of returned weights, applied through the server optimizer
+        as the pseudo-gradient ``current - mean`` (SGD with lr 1 gives the mean: FedAvg)."""
+        mean = weighted_mean([u.tensors for u in updates], [u.num_examples for u in updates])
+        return self.server_optimizer.step(current, {k: current[k] - mean[k] for k in current})
+
     def aggregate_train(
         self, server_round, replies
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -296,9 +390,12 @@ class PersonalizedStrategy(Strategy):
                 "round %d: no usable reply; the shared parameters are unchanged", server_round
             )
             entry.train = metrics
-            return None, MetricRecord(metrics)
+            return self._current, MetricRecord(metrics)
         current = {k: a.numpy() for k, a in self._current.items()}
-        new = self.aggregate(server_round, current, updates)
+        if self.pretraining(server_round):
+            new = weighted_mean([u.tensors for u in updates], [u.num_examples for u in updates])
+        else:
+            new = self.aggregate(server_round, current, updates)
         metrics.update(weighted_mean_metrics([u.metrics for u in updates]))
         entry.train = metrics
         arrays = ArrayRecord(
@@ -321,13 +418,25 @@ class PersonalizedStrategy(Strategy):
         return MetricRecord(summary)
 
 
-def strategy_kwargs(cfg: Config) -> dict:
+def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> dict:
     """The base-strategy settings of a run config."""
     return {
         "fraction_train": cfg.fraction_train,
         "fraction_evaluate": cfg.fraction_evaluate,
         "evaluate_every": cfg.evaluate_every,
         "lr": cfg.lr,
+        "lr_schedule": cfg.lr_schedule,
+        "lr_warmup_fraction": cfg.lr_warmup_fraction,
+        "lr_halve_every": cfg.lr_halve_every,
+        "server_optimizer": ServerOptimizer(
+            cfg.server_optimizer,
+            cfg.server_lr,
+            (cfg.server_beta1, cfg.server_beta2),
+            cfg.server_eps,
+        ),
+        "pretrain_rounds": cfg.pretrain_rounds,
+        "pretrain_lr": cfg.effective_pretrain_lr,
+        "shared_names": shared_names,
         "seed": cfg.seed,
     }
 
@@ -384,8 +493,9 @@ class ClientJob:
     """Everything a client half works on for one message.
 
     ``split`` is the wire split: ``split.shared`` are the parameters in the message, and
-    ``split.personal`` those that stay on this client. ``init_personal`` holds the personal
-    tensors as the model was built (the seeded init every client shares).
+    ``split.personal`` those that stay on this client. ``init_personal`` is where a client
+    without personal state starts: the pre-trained model's slice when the server sends one
+    (``personal-init``), else the seeded init every client builds identically.
     """
 
     cfg: Config
@@ -405,6 +515,16 @@ class ClientJob:
 
     def set_shared(self, arrays: ArrayRecord) -> None:
         splits.set_tensors(self.model, arrays.to_torch_state_dict())
+
+    def set_personal_init(self, record: ArrayRecord) -> None:
+        """Use the server's ``personal-init`` record as this client's personal init."""
+        tensors = dict(record.to_torch_state_dict())
+        if list(tensors) != list(self.split.personal):
+            raise ValueError(
+                f"personal-init carries {sorted(tensors)[:4]}…, this client's personal part "
+                f"is {list(self.split.personal)[:4]}…: server and client splits differ"
+            )
+        self.init_personal = tensors
 
     def shared_record(self) -> ArrayRecord:
         return ArrayRecord(splits.get_tensors(self.model, self.split.shared))
@@ -486,20 +606,40 @@ class ClientHalf:
         """Set the personal part a brand-new client would start from (default: the init)."""
         splits.set_tensors(job.model, job.init_personal)
 
-    def personalize(self, job: ClientJob) -> None:
-        """Set this client's personal part for evaluation (default: fine-tune from init)."""
+    def personalize(self, job: ClientJob, final: bool = False) -> None:
+        """Set this client's personal part for evaluation (default: fine-tune from init).
+
+        ``final`` is true in the run's last evaluation (stateful algorithms fine-tune then)."""
         self.new_client(job)
         job.fine_tune(job.split.personal)
 
+    def pretrain(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
+        """A FedAvg pre-training round (phase ``pretrain``): local SGD on the whole model."""
+        every = [n for n, _ in job.model.named_parameters()]
+        result = job.sgd(splits.parameters(job.model, every), lr=float(config["lr"]))
+        record = ArrayRecord(splits.get_tensors(job.model, every))
+        return record, {NUM_EXAMPLES: job.num_train, "train-loss": result.loss}
+
     def evaluate(self, job: ClientJob, config: Mapping) -> dict[str, float]:
         metrics: dict[str, float] = {"partition-id": job.partition_id}
+        if config.get("phase") == "pretrain":  # the whole received model: nothing personal yet
+            out = job.evaluate()
+            return {
+                **metrics,
+                NUM_EXAMPLES: out["num-examples"],
+                "num-train": job.num_train,
+                "personal-accuracy": out["accuracy"],
+                "personal-loss": out["loss"],
+                "global-accuracy": out["accuracy"],
+                "global-loss": out["loss"],
+            }
         glob: dict = {}
         if self.has_global:
             self.new_client(job)
             glob = job.evaluate()
             metrics.update({"global-accuracy": glob["accuracy"], "global-loss": glob["loss"]})
         if self.personalizes or not self.has_global:
-            self.personalize(job)
+            self.personalize(job, final=bool(config.get("final", False)))
             pers = job.evaluate()
         else:
             pers = glob

@@ -26,7 +26,6 @@ from pflower.strategies.base import (
     ClientJob,
     ClientUpdate,
     PersonalizedStrategy,
-    weighted_mean,
 )
 from pflower.task.split import make_split
 
@@ -36,14 +35,16 @@ class FedAvg(PersonalizedStrategy):
 
     Implementation of McMahan et al., *Communication-Efficient Learning of Deep Networks
     from Decentralized Data* (AISTATS 2017), on pflower's base strategy (uniform sampling
-    without replacement, reply checks that drop instead of raising). Takes the parameters
+    without replacement, reply checks that drop instead of raising). The mean goes through
+    the server optimizer as the pseudo-gradient ``current - mean``: SGD with server lr 1
+    (the default) is FedAvg; Adam gives FedAdam (Reddi et al. 2021). Takes the parameters
     of ``PersonalizedStrategy``.
     """
 
     def aggregate(
         self, server_round, current, updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
-        return weighted_mean([u.tensors for u in updates], [u.num_examples for u in updates])
+        return self.average_weights(current, updates)
 
 
 class Local(PersonalizedStrategy):
@@ -65,7 +66,7 @@ class FedAvgClient(ClientHalf):
     def new_client(self, job: ClientJob) -> None:
         """A new client uses the received model as it is (no personal part)."""
 
-    def personalize(self, job: ClientJob) -> None:
+    def personalize(self, job: ClientJob, final: bool = False) -> None:
         """FedAvg does not personalize."""
 
 
@@ -74,7 +75,7 @@ class FedAvgFineTuneClient(FedAvgClient):
 
     personalizes = True
 
-    def personalize(self, job: ClientJob) -> None:
+    def personalize(self, job: ClientJob, final: bool = False) -> None:
         # The received model is the init of the fine-tuning; the copy stays here.
         job.fine_tune(make_split(job.model, job.cfg.split, job.cfg.personal_patterns).personal)
 
@@ -90,7 +91,7 @@ class LocalClient(ClientHalf):
         job.save_personal()
         return ArrayRecord(), {NUM_EXAMPLES: job.num_train, "train-loss": result.loss}
 
-    def personalize(self, job: ClientJob) -> None:
+    def personalize(self, job: ClientJob, final: bool = False) -> None:
         job.restore_personal()
 
 

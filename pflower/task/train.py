@@ -57,7 +57,7 @@ def only_trainable(model: nn.Module, params: Sequence[nn.Parameter]) -> Iterator
 
 def sgd(
     model: nn.Module,
-    params: Sequence[nn.Parameter],
+    params: Sequence[nn.Parameter] | Sequence[dict],
     loader: DataLoader,
     *,
     lr: float,
@@ -70,18 +70,22 @@ def sgd(
 ) -> TrainResult:
     """Minibatch SGD with cross-entropy on ``params`` only.
 
+    ``params`` is a list of parameters, or of ``torch.optim`` parameter groups (dicts with
+    ``params`` and their own ``lr``), e.g. shared and personal parts with separate rates.
     Runs ``steps`` minibatch steps when ``steps > 0`` (cycling over the loader), otherwise
     ``epochs`` passes. A fresh ``torch.optim.SGD`` each call: no optimizer state survives
     between calls (momentum 0 in the papers). ``max_grad_norm > 0`` clips the norm of the
     gradient of ``params`` before each step.
     """
-    if not params or len(loader) == 0:
+    groups = list(params) if params and isinstance(params[0], dict) else [{"params": params}]
+    trainable = [p for g in groups for p in g["params"]]
+    if not trainable or len(loader) == 0:
         return TrainResult(loss=float("nan"), steps=0, examples=0)
     num_steps = steps if steps > 0 else epochs * len(loader)
-    optimizer = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    optimizer = torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
     total_loss, examples = 0.0, 0
     model.train()
-    with only_trainable(model, params):
+    with only_trainable(model, trainable):
         batches = itertools.chain.from_iterable(itertools.repeat(loader))
         for x, y in itertools.islice(batches, num_steps):
             x, y = x.to(device), y.to(device)
@@ -89,7 +93,7 @@ def sgd(
             loss = F.cross_entropy(model(x), y)
             loss.backward()
             if max_grad_norm > 0:
-                nn.utils.clip_grad_norm_(params, max_grad_norm)
+                nn.utils.clip_grad_norm_(trainable, max_grad_norm)
             optimizer.step()
             total_loss += loss.item() * len(y)
             examples += len(y)

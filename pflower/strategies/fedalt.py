@@ -1,0 +1,143 @@
+"""FedAlt and FedSim: Pillutla et al., *Federated Learning with Partial Model
+Personalization* (ICML 2022). FedRep and FedPer are the literature's names for FedAlt and
+FedSim with the head split (algorithms ``fedrep`` and ``fedper``).
+
+Model: shared parameters ``u`` (cross the wire) and personal ``v_i`` (stay on client i)::
+
+    for t = 0, 1, ...:
+        S_t <- m clients, uniformly without replacement; broadcast u(t) only
+        for i in S_t:  (u_i, v_i) <- LocalAlt | LocalSim (u(t), v_i)   # v_i stays on the device
+        u_bar = sum_i N_i u_i / sum_i N_i                              # data-size weighted
+        u(t+1) = ServerOpt(u(t), Delta = u(t) - u_bar)                 # SGD lr 1 = plain mean
+
+    LocalAlt(tau_v, tau_u, gamma_v, gamma_u):
+        tau_v SGD steps on v with u frozen; then tau_u steps on u with v frozen at the NEW v
+    LocalSim(tau, gamma_u, gamma_v):
+        tau joint steps: both gradients at the same (u_k, v_k) and the same minibatch
+
+Each phase gets a fresh optimizer; whatever is frozen gets no gradient, so nothing (not even
+weight decay) moves it. Step counts are epochs (``personal-epochs``, ``local-epochs``) or
+steps (``personal-steps``, ``local-steps``); FedSim uses the ``local-*`` count and both rates.
+
+**Stateful** clients (default) keep ``v_i`` in their store between rounds; the first time,
+``v_i`` starts from the server's ``personal-init`` (the slice of the FedAvg pre-trained model)
+or, without pre-training, from the seeded init every client shares (identical adapters).
+**Stateless** clients (``stateful = false``) reset ``v_i`` to that init every time.
+
+**Pipeline in one run** (the paper's experiments): ``pretrain-rounds`` of FedAvg on the whole
+model, then FedAlt/FedSim from it, then ``finetune-epochs`` of v-only fine-tuning on every
+client before the final evaluation (the fine-tuned ``v_i`` is stored as the client's own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from flwr.app import ArrayRecord
+
+from pflower.config import Config
+from pflower.strategies.base import (
+    NUM_EXAMPLES,
+    ClientHalf,
+    ClientJob,
+    ClientUpdate,
+    PersonalizedStrategy,
+)
+
+
+class FedAlt(PersonalizedStrategy):
+    """FedAlt's server (Pillutla et al. 2022, Alg. 1): data-size weighted mean of the returned
+    shared parameters, through the server optimizer (SGD with lr 1 = the mean; Adam = FedAdam).
+
+    The server half of FedAlt and FedSim is the same; they differ on the client
+    (``FedAltClient``: LocalAlt, ``FedSimClient``: LocalSim). Takes the parameters of
+    ``PersonalizedStrategy``; each round's config carries ``lr`` and ``lr-scale`` (the
+    schedule's factor, which the client applies to its personal lr as well).
+    """
+
+    def aggregate(
+        self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
+    ) -> dict[str, np.ndarray]:
+        return self.average_weights(current, updates)
+
+
+class FedSim(FedAlt):
+    """FedSim's server: identical to FedAlt's (see ``FedAlt``); the client runs LocalSim."""
+
+
+class _PartialClient(ClientHalf):
+    """What FedAlt's and FedSim's client halves share: where v starts, how it is evaluated."""
+
+    def start_personal(self, job: ClientJob) -> None:
+        """Stateful: the stored v (or the init on first contact). Stateless: the init."""
+        if job.cfg.stateful:
+            job.restore_personal()
+        else:
+            self.new_client(job)
+
+    def personalize(self, job: ClientJob, final: bool = False) -> None:
+        if not job.cfg.stateful:  # stateless: fine-tune from the init every time
+            super().personalize(job, final)
+            return
+        job.restore_personal()
+        if final and job.cfg.finetune_epochs > 0:  # pipeline step (c)
+            job.fine_tune(job.split.personal)
+            job.save_personal()
+
+    @staticmethod
+    def personal_lr(job: ClientJob, config: Mapping) -> float:
+        return job.cfg.effective_personal_lr * float(config.get("lr-scale", 1.0))
+
+    @staticmethod
+    def metrics(job: ClientJob, *results) -> dict[str, float]:
+        seen = sum(r.examples for r in results)
+        return {
+            NUM_EXAMPLES: job.num_train,
+            "train-loss": results[-1].loss,
+            "data-passes": seen / max(1, job.num_train),
+        }
+
+
+class FedAltClient(_PartialClient):
+    """LocalAlt: personal phase, then shared phase at the new personal parameters."""
+
+    def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
+        cfg = job.cfg
+        self.start_personal(job)
+        personal = job.sgd(
+            job.personal_params(),
+            lr=self.personal_lr(job, config),
+            epochs=cfg.personal_epochs,
+            steps=cfg.personal_steps,
+        )
+        shared = job.sgd(job.shared_params(), lr=float(config["lr"]))
+        if cfg.stateful:
+            job.save_personal()
+        metrics = self.metrics(job, personal, shared)
+        metrics["personal-loss"] = personal.loss
+        return job.shared_record(), metrics
+
+
+class FedSimClient(_PartialClient):
+    """LocalSim: joint SGD steps on (u, v), one minibatch gradient, a rate for each part."""
+
+    def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
+        self.start_personal(job)
+        lr = float(config["lr"])
+        groups = [
+            {"params": job.shared_params(), "lr": lr},
+            {"params": job.personal_params(), "lr": self.personal_lr(job, config)},
+        ]
+        result = job.sgd([g for g in groups if g["params"]], lr=lr)
+        if job.cfg.stateful:
+            job.save_personal()
+        return job.shared_record(), self.metrics(job, result)
+
+
+def fedalt_strategy(cfg: Config, **kwargs) -> FedAlt:
+    return FedAlt(**kwargs)
+
+
+def fedsim_strategy(cfg: Config, **kwargs) -> FedSim:
+    return FedSim(**kwargs)

@@ -1,0 +1,123 @@
+"""Server optimizers on pseudo-gradients, and client learning-rate schedules.
+
+A strategy that receives new weights forms the **pseudo-gradient** ``Delta = u(t) - u_bar``
+(current shared parameters minus the clients' weighted mean) and hands it to a server
+optimizer (Reddi et al. 2021, *Adaptive Federated Optimization*):
+
+- ``sgd`` with server lr ``eta``: ``u(t+1) = u(t) - eta * Delta``; ``eta = 1`` is FedAvg.
+- ``adam``: ``torch.optim.Adam`` itself, run on tensors that mirror the shared parameters,
+  with ``Delta`` as their gradient. Bias-corrected; its state (moments, step count) persists
+  across rounds because the optimizer object does::
+
+      m_t = b1 m_{t-1} + (1 - b1) Delta ;  v_t = b2 v_{t-1} + (1 - b2) Delta^2
+      u  <- u - lr * (m_t / (1 - b1^t)) / (sqrt(v_t / (1 - b2^t)) + eps)
+
+Strategies that receive gradients (FFGG, PFLEGO) use the same optimizers with the gradient
+in place of ``Delta``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from pflower.config import LR_SCHEDULES, SERVER_OPTIMIZERS
+
+
+class ServerOptimizer:
+    """``step(current, gradient) -> new`` over named arrays, with a persistent torch optimizer.
+
+    Parameters
+    ----------
+    name : str (default: "sgd")
+        ``sgd`` or ``adam``.
+    lr : float (default: 1.0)
+        Server learning rate (``sgd`` with 1.0 is FedAvg).
+    betas : tuple[float, float] (default: (0.9, 0.999))
+        Adam's moment decay rates.
+    eps : float (default: 1e-8)
+        Adam's denominator term.
+    """
+
+    def __init__(
+        self,
+        name: str = "sgd",
+        lr: float = 1.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> None:
+        if name not in SERVER_OPTIMIZERS:
+            raise ValueError(f"server optimizer {name!r}: must be one of {SERVER_OPTIMIZERS}")
+        if not lr > 0:
+            raise ValueError(f"server lr = {lr}: must be > 0")
+        if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
+            raise ValueError(f"server betas = {betas}: each must be in [0, 1)")
+        if not eps > 0:
+            raise ValueError(f"server eps = {eps}: must be > 0")
+        self.name, self.lr, self.betas, self.eps = name, lr, betas, eps
+        self._params: dict[str, torch.Tensor] = {}
+        self._optimizer: torch.optim.Optimizer | None = None
+
+    def _ensure(self, current: Mapping[str, np.ndarray]) -> None:
+        shapes = {k: tuple(v.shape) for k, v in current.items()}
+        if self._optimizer is not None and shapes == {
+            k: tuple(p.shape) for k, p in self._params.items()
+        }:
+            return
+        # First step, or the parameter set changed (e.g. after FedAvg pre-training): new state.
+        self._params = {
+            k: torch.zeros(v.shape, dtype=torch.float64, requires_grad=True)
+            for k, v in current.items()
+        }
+        params = list(self._params.values())
+        if self.name == "sgd":
+            self._optimizer = torch.optim.SGD(params, lr=self.lr)
+        else:
+            self._optimizer = torch.optim.Adam(params, lr=self.lr, betas=self.betas, eps=self.eps)
+
+    def step(
+        self, current: Mapping[str, np.ndarray], gradient: Mapping[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """One server step from ``current`` along ``-gradient``; returns the new arrays."""
+        self._ensure(current)
+        with torch.no_grad():
+            for k, p in self._params.items():
+                p.copy_(torch.from_numpy(np.asarray(current[k], dtype=np.float64)))
+                p.grad = torch.from_numpy(np.asarray(gradient[k], dtype=np.float64)).clone()
+        self._optimizer.step()
+        return {k: p.detach().numpy().copy() for k, p in self._params.items()}
+
+    def describe(self) -> str:
+        if self.name == "sgd":
+            return f"SGD(lr={self.lr})" + (" = FedAvg" if self.lr == 1.0 else "")
+        return f"Adam(lr={self.lr}, betas={self.betas}, eps={self.eps})"
+
+
+def client_lr(
+    base_lr: float,
+    server_round: int,
+    num_rounds: int,
+    schedule: str = "constant",
+    warmup_fraction: float = 0.1,
+    halve_every: int = 500,
+) -> float:
+    """Client learning rate of round ``server_round`` (1-based) of ``num_rounds``.
+
+    ``constant``; ``linear``: linear warm-up over the first ``warmup_fraction`` of the rounds
+    up to ``base_lr``, then linear decay to 0 at the end; ``exponential``: halved every
+    ``halve_every`` rounds (PyTorch's StepLR with gamma 0.5), as in Pillutla et al. 2022.
+    """
+    if schedule == "constant":
+        return base_lr
+    t = server_round - 1  # rounds completed before this one
+    if schedule == "exponential":
+        return base_lr * 0.5 ** (t // halve_every)
+    if schedule == "linear":
+        warmup = math.floor(warmup_fraction * num_rounds)
+        if t < warmup:
+            return base_lr * (t + 1) / warmup
+        return base_lr * max(0.0, (num_rounds - t) / max(1, num_rounds - warmup))
+    raise ValueError(f"lr schedule {schedule!r}: must be one of {LR_SCHEDULES}")
