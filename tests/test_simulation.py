@@ -99,3 +99,29 @@ def test_local_baseline_runs_without_federation(tmp_path):
     report = simulate(overrides, num_nodes=3)
     assert report.final["personal-accuracy"] > 0.5
     assert "global-accuracy" not in report.final  # no global model to speak of
+
+
+def test_fedalt_pipeline_pretrain_then_personalize(tmp_path):
+    """FedAvg pre-training, FedAlt with the head split, final v-only fine-tuning."""
+    overrides = {
+        "algorithm": "fedalt",
+        "split": "head",
+        "dataset": "mnist-5k",
+        "partitioner": "pathological",
+        "classes-per-client": 2,
+        "pretrain-rounds": 2,
+        "num-server-rounds": 2,
+        "fraction-train": 1.0,
+        "evaluate-every": 2,
+        "server-optimizer": "adam",
+        "server-lr": 0.01,
+        "outputs-dir": str(tmp_path),
+    }
+    report = simulate(overrides, num_nodes=4)
+    assert [r.round for r in report.rounds] == [1, 2, 3, 4]
+    pretrain_eval = report.rounds[1].evaluate  # the FedAvg model after step (a)
+    assert pretrain_eval["personal-accuracy"] == pretrain_eval["global-accuracy"]
+    final = report.final
+    assert final["clients"] == 4
+    assert final["personal-accuracy"] > final["global-accuracy"] + 0.1
+    assert report.dropped == 0
