@@ -581,6 +581,15 @@ class ClientJob:
         self.store.save(key, splits.get_tensors(self.model, self.split.personal))
 
 
+def train_metrics(job: ClientJob, *results: training.TrainResult) -> dict[str, float]:
+    """A training reply's metrics: aggregation weight, last loss, passes over the local data."""
+    return {
+        NUM_EXAMPLES: job.num_train,
+        "train-loss": results[-1].loss,
+        "data-passes": sum(r.examples for r in results) / max(1, job.num_train),
+    }
+
+
 class ClientHalf:
     """An algorithm's client half. Subclasses implement ``train``.
 
@@ -617,8 +626,7 @@ class ClientHalf:
         """A FedAvg pre-training round (phase ``pretrain``): local SGD on the whole model."""
         every = [n for n, _ in job.model.named_parameters()]
         result = job.sgd(splits.parameters(job.model, every), lr=float(config["lr"]))
-        record = ArrayRecord(splits.get_tensors(job.model, every))
-        return record, {NUM_EXAMPLES: job.num_train, "train-loss": result.loss}
+        return ArrayRecord(splits.get_tensors(job.model, every)), train_metrics(job, result)
 
     def evaluate(self, job: ClientJob, config: Mapping) -> dict[str, float]:
         metrics: dict[str, float] = {"partition-id": job.partition_id}

@@ -38,11 +38,11 @@ from flwr.app import ArrayRecord
 
 from pflower.config import Config
 from pflower.strategies.base import (
-    NUM_EXAMPLES,
     ClientHalf,
     ClientJob,
     ClientUpdate,
     PersonalizedStrategy,
+    train_metrics,
 )
 
 
@@ -89,15 +89,6 @@ class _PartialClient(ClientHalf):
     def personal_lr(job: ClientJob, config: Mapping) -> float:
         return job.cfg.effective_personal_lr * float(config.get("lr-scale", 1.0))
 
-    @staticmethod
-    def metrics(job: ClientJob, *results) -> dict[str, float]:
-        seen = sum(r.examples for r in results)
-        return {
-            NUM_EXAMPLES: job.num_train,
-            "train-loss": results[-1].loss,
-            "data-passes": seen / max(1, job.num_train),
-        }
-
 
 class FedAltClient(_PartialClient):
     """LocalAlt: personal phase, then shared phase at the new personal parameters."""
@@ -114,9 +105,10 @@ class FedAltClient(_PartialClient):
         shared = job.sgd(job.shared_params(), lr=float(config["lr"]))
         if cfg.stateful:
             job.save_personal()
-        metrics = self.metrics(job, personal, shared)
-        metrics["personal-loss"] = personal.loss
-        return job.shared_record(), metrics
+        return job.shared_record(), {
+            **train_metrics(job, personal, shared),
+            "personal-loss": personal.loss,
+        }
 
 
 class FedSimClient(_PartialClient):
@@ -132,7 +124,7 @@ class FedSimClient(_PartialClient):
         result = job.sgd([g for g in groups if g["params"]], lr=lr)
         if job.cfg.stateful:
             job.save_personal()
-        return job.shared_record(), self.metrics(job, result)
+        return job.shared_record(), train_metrics(job, result)
 
 
 def fedalt_strategy(cfg: Config, **kwargs) -> FedAlt:

@@ -21,11 +21,11 @@ from flwr.app import ArrayRecord
 
 from pflower.config import Config
 from pflower.strategies.base import (
-    NUM_EXAMPLES,
     ClientHalf,
     ClientJob,
     ClientUpdate,
     PersonalizedStrategy,
+    train_metrics,
 )
 from pflower.task.split import make_split
 
@@ -61,7 +61,7 @@ class FedAvgClient(ClientHalf):
 
     def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
         result = job.sgd(job.shared_params(), lr=float(config["lr"]))
-        return job.shared_record(), {NUM_EXAMPLES: job.num_train, "train-loss": result.loss}
+        return job.shared_record(), train_metrics(job, result)
 
     def new_client(self, job: ClientJob) -> None:
         """A new client uses the received model as it is (no personal part)."""
@@ -89,7 +89,7 @@ class LocalClient(ClientHalf):
         job.restore_personal()
         result = job.sgd(job.personal_params(), lr=float(config["lr"]))
         job.save_personal()
-        return ArrayRecord(), {NUM_EXAMPLES: job.num_train, "train-loss": result.loss}
+        return ArrayRecord(), train_metrics(job, result)
 
     def personalize(self, job: ClientJob, final: bool = False) -> None:
         job.restore_personal()
