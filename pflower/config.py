@@ -55,7 +55,7 @@ class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     # --- what to run -----------------------------------------------------------------------
-    algorithm: str = "fedavg-ft"
+    algorithm: str = "fedalt"
     model: str = "mlp"
     split: str = "head"
     split_patterns: str = Field("", alias="split-patterns")
