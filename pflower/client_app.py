@@ -15,10 +15,9 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from pflower.config import Config
-from pflower.strategies import get_algorithm, wire_split
+from pflower.strategies import build_run_model, get_algorithm, wire_split
 from pflower.strategies.base import ARRAYS, CONFIG, METRICS, PERSONAL_INIT, ClientJob
-from pflower.task.data import dataset_info, load_client_data
-from pflower.task.models import build_model
+from pflower.task.data import load_client_data
 from pflower.task.split import Split, get_tensors
 from pflower.task.state import open_store
 from pflower.task.train import resolve_device
@@ -32,15 +31,8 @@ def parse_config(items: frozenset) -> Config:
 @functools.lru_cache(maxsize=2)
 def _model(cfg: Config) -> tuple[torch.nn.Module, Split, dict, torch.device]:
     """One model per process and config; every message overwrites all of its parameters."""
-    info = dataset_info(cfg)
     device = resolve_device(cfg.device)
-    model = build_model(
-        cfg.model,
-        info.input_shape,
-        info.num_classes,
-        adapters=cfg.split == "adapter",
-        seed=cfg.seed,
-    ).to(device)
+    model = build_run_model(cfg).to(device)
     split = wire_split(model, cfg)
     return model, split, get_tensors(model, split.personal), device
 

@@ -12,9 +12,13 @@ from flwr.serverapp import Grid, ServerApp
 
 from pflower import report
 from pflower.config import Config
-from pflower.strategies import get_algorithm, make_strategy, personal_split, wire_split
-from pflower.task.data import dataset_info
-from pflower.task.models import build_model
+from pflower.strategies import (
+    build_run_model,
+    get_algorithm,
+    make_strategy,
+    personal_split,
+    wire_split,
+)
 from pflower.task.split import get_tensors
 
 log = logging.getLogger("flwr.pflower")
@@ -31,14 +35,7 @@ def run(grid: Grid, cfg: Config) -> report.RunReport:
     """Run ``cfg`` on the nodes of ``grid``; write the outputs and print the summary."""
     started = time.perf_counter()
     torch.manual_seed(cfg.seed)
-    info = dataset_info(cfg)
-    model = build_model(
-        cfg.model,
-        info.input_shape,
-        info.num_classes,
-        adapters=cfg.split == "adapter",
-        seed=cfg.seed,
-    )
+    model = build_run_model(cfg)
     split, personal = wire_split(model, cfg), personal_split(model, cfg)
     log.info("pflower: %s on %s, model %s", cfg.algorithm, cfg.dataset, cfg.model)
     log.info("personalized part: %s", personal.describe())

@@ -37,6 +37,8 @@ from pflower.strategies.fedavg import (
     fedavg_strategy,
     local_strategy,
 )
+from pflower.task.data import dataset_info
+from pflower.task.models import build_model
 from pflower.task.split import Split, make_split
 
 
@@ -84,6 +86,18 @@ def make_strategy(cfg: Config, shared_names=None) -> PersonalizedStrategy:
     return get_algorithm(cfg.algorithm).strategy(cfg, **strategy_kwargs(cfg, shared_names))
 
 
+def build_run_model(cfg: Config) -> nn.Module:
+    """The run's model, built identically (seeded) on the server and on every client."""
+    info = dataset_info(cfg)
+    return build_model(
+        cfg.model,
+        info.input_shape,
+        info.num_classes,
+        adapters=cfg.split == "adapter",
+        seed=cfg.seed,
+    )
+
+
 def _split(model: nn.Module, cfg: Config, rule: str) -> Split:
     if rule == "config":
         return make_split(model, cfg.split, cfg.personal_patterns)
@@ -103,6 +117,7 @@ def personal_split(model: nn.Module, cfg: Config) -> Split:
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "build_run_model",
     "ClientHalf",
     "ClientJob",
     "ClientUpdate",
