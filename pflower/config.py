@@ -19,7 +19,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 #: evaluated after personal-only fine-tuning. ``local``: no federation, each client alone.
 #: ``fedalt`` / ``fedsim``: Pillutla et al. 2022; ``fedrep`` / ``fedper`` are the literature's
 #: names for FedAlt / FedSim with the head split.
-ALGORITHMS = ("fedavg", "fedavg-ft", "local", "fedalt", "fedsim", "fedrep", "fedper")
+#: ``ffgg`` / ``local-ffgg``: Mishchenko et al., FFGG (Alg. 1) and Local FFGG (Alg. 4).
+ALGORITHMS = (
+    "fedavg",
+    "fedavg-ft",
+    "local",
+    "fedalt",
+    "fedsim",
+    "fedrep",
+    "fedper",
+    "ffgg",
+    "local-ffgg",
+)
+FFGG_INITS = ("random", "zeros", "received", "stored")
+FFGG_SOLVERS = ("sgd", "gd", "cg")
+FFGG_WEIGHTINGS = ("uniform", "num-examples")
 HEAD_ALIASES = {"fedrep": "fedalt", "fedper": "fedsim"}
 SERVER_OPTIMIZERS = ("sgd", "adam")
 LR_SCHEDULES = ("constant", "linear", "exponential")
@@ -114,6 +128,11 @@ class Config(BaseModel):
     pretrain_rounds: int = Field(0, alias="pretrain-rounds", ge=0)
     pretrain_lr: float = Field(0.0, alias="pretrain-lr", ge=0)
 
+    # --- FFGG / Local FFGG ---------------------------------------------------------------------
+    ffgg_init: str = Field("random", alias="ffgg-init")
+    ffgg_solver: str = Field("sgd", alias="ffgg-solver")
+    ffgg_weighting: str = Field("uniform", alias="ffgg-weighting")
+
     # --- run -------------------------------------------------------------------------------
     seed: int = 0
     device: str = "auto"
@@ -129,6 +148,14 @@ class Config(BaseModel):
         _one_of("device", self.device, DEVICES)
         _one_of("server-optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
         _one_of("lr-schedule", self.lr_schedule, LR_SCHEDULES)
+        _one_of("ffgg-init", self.ffgg_init, FFGG_INITS)
+        _one_of("ffgg-solver", self.ffgg_solver, FFGG_SOLVERS)
+        _one_of("ffgg-weighting", self.ffgg_weighting, FFGG_WEIGHTINGS)
+        if self.ffgg_solver in ("gd", "cg") and self.personal_steps == 0:
+            raise ConfigError(
+                f"key 'personal-steps' = 0: ffgg-solver {self.ffgg_solver!r} runs "
+                "'personal-steps' full-batch iterations; set it > 0"
+            )
         if self.algorithm in HEAD_ALIASES and (self.split != "head" or self.split_patterns):
             raise ConfigError(
                 f"key 'split' = {self.split!r}: algorithm {self.algorithm!r} is "

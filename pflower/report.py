@@ -5,7 +5,8 @@
   reasons, seconds; and the final evaluation;
 - ``clients.csv``: final per-client personalized and global metrics;
 - ``accuracy.png``: pooled personalized/global test accuracy per evaluated round;
-- ``clients.png``: per-client accuracy, personalized vs global, sorted.
+- ``clients.png``: per-client accuracy, personalized vs global, sorted;
+- ``split-diagnostic.png`` (FFGG family): mean and max ||Delta_m|| per round.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ def write(report: RunReport) -> Path:
                 writer.writerow(row)
     _plot_rounds(report, out / "accuracy.png")
     _plot_clients(report, out / "clients.png")
+    if any("grad-norm-mean" in r.train for r in report.rounds):
+        _plot_diagnostic(report, out / "split-diagnostic.png")
     return out
 
 
@@ -129,6 +132,23 @@ def _plot_clients(report: RunReport, path: Path) -> None:
     ax.set_ylabel("test accuracy")
     ax.set_title("per-client accuracy, final round")
     ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _plot_diagnostic(report: RunReport, path: Path) -> None:
+    """FFGG's split diagnostic: ||Delta_m|| ~ ||F_m(theta)|| per round (mean and max)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rounds = [r for r in report.rounds if "grad-norm-mean" in r.train]
+    xs = [r.round for r in rounds]
+    ax.semilogy(xs, [r.train["grad-norm-mean"] for r in rounds], "-o", label="mean over clients")
+    ax.semilogy(xs, [r.train["grad-norm-max"] for r in rounds], "--s", label="max over clients")
+    ax.set_xlabel("round")
+    ax.set_ylabel("||Delta_m|| (theta-gradient after fine-tuning)")
+    ax.set_title("split diagnostic: near 0 => personalize fewer parameters")
+    ax.grid(alpha=0.3, which="both")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)

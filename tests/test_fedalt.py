@@ -7,35 +7,15 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from helpers import BASE, job_for
 from torch.nn import functional as F
 
-from pflower.client_app import build_client_app, make_job, parse_config
+from pflower.client_app import build_client_app
 from pflower.config import Config, ConfigError
 from pflower.strategies import FedAltClient, FedSimClient
 from pflower.strategies.base import ClientJob
 from pflower.strategies.server_opt import ServerOptimizer, client_lr
 from pflower.task.split import get_tensors
-
-BASE = {
-    "dataset": "digits",
-    "model": "mlp",
-    "split": "head",
-    "batch-size": 32,
-    "finetune-epochs": 1,
-    "partitioner": "iid",
-}
-
-
-def job_for(overrides, partition_id=0, state=None, server_round=1) -> ClientJob:
-    cfg = parse_config(frozenset({**BASE, **overrides}.items()))
-    context = Context(
-        run_id=1,
-        node_id=partition_id + 1,
-        state=state or RecordDict(),
-        node_config={"partition-id": partition_id, "num-partitions": 4},
-        run_config={},
-    )
-    return make_job(cfg, context, server_round)
 
 
 def snapshot(job: ClientJob) -> dict[str, torch.Tensor]:

@@ -125,3 +125,23 @@ def test_fedalt_pipeline_pretrain_then_personalize(tmp_path):
     assert final["clients"] == 4
     assert final["personal-accuracy"] > final["global-accuracy"] + 0.1
     assert report.dropped == 0
+
+
+def test_ffgg_and_local_ffgg_run_and_report_the_split_diagnostic(tmp_path):
+    for algorithm in ("ffgg", "local-ffgg"):
+        overrides = {
+            "algorithm": algorithm,
+            "dataset": "digits",
+            "num-server-rounds": 2,
+            "fraction-train": 1.0,
+            "evaluate-every": 2,
+            "server-lr": 0.5,
+            "outputs-dir": str(tmp_path / algorithm),
+        }
+        report = simulate(overrides, num_nodes=3)
+        assert report.dropped == 0
+        for r in report.rounds:
+            assert 0 < r.train["grad-norm-mean"] <= r.train["grad-norm-max"]
+        assert report.final["clients"] == 3
+        (out,) = (tmp_path / algorithm).iterdir()
+        assert (out / "split-diagnostic.png").stat().st_size > 0

@@ -37,6 +37,14 @@ from pflower.strategies.fedavg import (
     fedavg_strategy,
     local_strategy,
 )
+from pflower.strategies.ffgg import (
+    FFGG,
+    FFGGClient,
+    LocalFFGG,
+    LocalFFGGClient,
+    ffgg_strategy,
+    local_ffgg_strategy,
+)
 from pflower.task.data import dataset_info
 from pflower.task.models import build_model
 from pflower.task.split import Split, make_split
@@ -67,6 +75,8 @@ ALGORITHMS: dict[str, Algorithm] = {
     # the literature's names for FedAlt / FedSim with the head split (config enforces it)
     "fedrep": Algorithm(fedalt_strategy, FedAltClient()),
     "fedper": Algorithm(fedsim_strategy, FedSimClient()),
+    "ffgg": Algorithm(ffgg_strategy, FFGGClient()),
+    "local-ffgg": Algorithm(local_ffgg_strategy, LocalFFGGClient()),
 }
 
 
@@ -121,6 +131,8 @@ __all__ = [
     "ClientHalf",
     "ClientJob",
     "ClientUpdate",
+    "FFGG",
+    "FFGGClient",
     "FedAlt",
     "FedAltClient",
     "FedAvg",
@@ -128,6 +140,8 @@ __all__ = [
     "FedAvgFineTuneClient",
     "Local",
     "LocalClient",
+    "LocalFFGG",
+    "LocalFFGGClient",
     "FedSim",
     "FedSimClient",
     "PersonalizedStrategy",

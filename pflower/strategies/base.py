@@ -373,6 +373,10 @@ class PersonalizedStrategy(Strategy):
         mean = weighted_mean([u.tensors for u in updates], [u.num_examples for u in updates])
         return self.server_optimizer.step(current, {k: current[k] - mean[k] for k in current})
 
+    def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
+        """The round's training metrics: the replies' metrics weighted by num-examples."""
+        return weighted_mean_metrics([u.metrics for u in updates])
+
     def aggregate_train(
         self, server_round, replies
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -396,7 +400,7 @@ class PersonalizedStrategy(Strategy):
             new = weighted_mean([u.tensors for u in updates], [u.num_examples for u in updates])
         else:
             new = self.aggregate(server_round, current, updates)
-        metrics.update(weighted_mean_metrics([u.metrics for u in updates]))
+        metrics.update(self.round_metrics(updates))
         entry.train = metrics
         arrays = ArrayRecord(
             {k: Array(np.ascontiguousarray(v, dtype=current[k].dtype)) for k, v in new.items()}

@@ -117,3 +117,142 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device | str = 
         "correct": correct,
         "num-examples": n,
     }
+
+
+def _loss_sum(model: nn.Module, loader: DataLoader, device) -> tuple[torch.Tensor, int]:
+    """Sum of per-example cross-entropy over ``loader`` (graph kept) and the example count."""
+    total, n = 0.0, 0
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        total = total + F.cross_entropy(model(x), y, reduction="sum")
+        n += len(y)
+    return total, n
+
+
+def full_gradient(
+    model: nn.Module, params: Sequence[nn.Parameter], loader: DataLoader, device="cpu"
+) -> list[torch.Tensor]:
+    """Gradient of the mean cross-entropy over the whole loader w.r.t. ``params``.
+
+    Accumulated batch by batch (each batch's sum, divided by the total count at the end), so
+    memory stays that of one batch whatever the size of the local set.
+    """
+    model.eval()  # no dropout: the gradient of the function being minimised
+    grads = [torch.zeros_like(p) for p in params]
+    n = 0
+    with only_trainable(model, params):
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            loss = F.cross_entropy(model(x), y, reduction="sum")
+            for g, gi in zip(grads, torch.autograd.grad(loss, params)):
+                g += gi
+            n += len(y)
+    return [g / max(1, n) for g in grads]
+
+
+def gradient_descent(
+    model: nn.Module,
+    params: Sequence[nn.Parameter],
+    loader: DataLoader,
+    *,
+    lr: float,
+    steps: int,
+    device="cpu",
+) -> int:
+    """``steps`` full-batch gradient-descent steps on ``params``; returns examples seen."""
+    n = 0
+    for _ in range(steps):
+        grads = full_gradient(model, params, loader, device)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p -= lr * g
+        n += len(loader.dataset)
+    return n
+
+
+def conjugate_gradient(
+    model: nn.Module,
+    params: Sequence[nn.Parameter],
+    loader: DataLoader,
+    *,
+    steps: int,
+    device="cpu",
+    tol: float = 0.0,
+) -> int:
+    """``steps`` conjugate-gradient iterations on the Newton system of ``params``.
+
+    Solves ``H d = -g`` (``H``, ``g``: Hessian and gradient of the full-batch loss in
+    ``params`` at the start, Hessian-vector products by double backward) and moves ``params``
+    by ``d``. For a loss quadratic in ``params`` (FFGG's synthetic problem) this is CG on the
+    normal equations, exact after ``len(params)`` dimensions' worth of iterations; otherwise
+    one truncated Newton step. Returns examples seen (two passes per iteration).
+    """
+    model.eval()
+    with only_trainable(model, params):
+        loss, n = _loss_sum(model, loader, device)
+        g = torch.autograd.grad(loss / n, params, create_graph=True)
+        flat_g = torch.cat([gi.reshape(-1) for gi in g])
+
+        def hvp(v: torch.Tensor) -> torch.Tensor:
+            hv = torch.autograd.grad(flat_g, params, grad_outputs=v, retain_graph=True)
+            return torch.cat([h.reshape(-1) for h in hv])
+
+        r = -flat_g.detach()
+        d, x = r.clone(), torch.zeros_like(r)
+        rs = r @ r
+        for _ in range(steps):
+            if rs <= tol:
+                break
+            hd = hvp(d)
+            alpha = rs / (d @ hd)
+            x += alpha * d
+            r -= alpha * hd
+            rs_new = r @ r
+            d = r + (rs_new / rs) * d
+            rs = rs_new
+    with torch.no_grad():
+        for p, step in zip(params, _unflatten(x, params)):
+            p += step
+    return 2 * n * steps
+
+
+def _unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    out, i = [], 0
+    for p in like:
+        out.append(flat[i : i + p.numel()].view_as(p))
+        i += p.numel()
+    return out
+
+
+def alternating_sgd(
+    model: nn.Module,
+    first: Sequence[nn.Parameter],
+    second: Sequence[nn.Parameter],
+    loader: DataLoader,
+    *,
+    lr_first: float,
+    lr_second: float,
+    steps: int,
+    device="cpu",
+) -> TrainResult:
+    """``steps`` alternating minibatch steps: ``first`` then ``second`` on the same minibatch,
+    the ``second`` gradient taken at the updated ``first`` (Local FFGG, Alg. 4)."""
+    if steps <= 0 or len(loader) == 0:
+        return TrainResult(loss=float("nan"), steps=0, examples=0)
+    model.train()
+    total, examples = 0.0, 0
+    batches = itertools.chain.from_iterable(itertools.repeat(loader))
+    for x, y in itertools.islice(batches, steps):
+        x, y = x.to(device), y.to(device)
+        for params, lr in ((first, lr_first), (second, lr_second)):
+            if not params:
+                continue
+            with only_trainable(model, params):
+                loss = F.cross_entropy(model(x), y)
+                grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                for p, g in zip(params, grads):
+                    p -= lr * g
+        total += loss.item() * len(y)
+        examples += len(y)
+    return TrainResult(loss=total / max(1, examples), steps=steps, examples=examples)

@@ -1,0 +1,229 @@
+"""FFGG and Local FFGG: Mishchenko, Islamov, Gorbunov, Horváth, *Partially Personalized
+Federated Learning: Breaking the Curse of Data Heterogeneity*.
+
+Client m has loss f_m(theta, w): theta shared, w personal. FFGG follows the operator
+F_m(theta) = grad_theta f_m(theta, w*_m(theta)), the theta-gradient **at the fine-tuned w**
+(no differentiation through w*), and finds F(theta*) = mean_m F_m(theta*) = 0.
+
+Alg. 1, FFGG (Fine-tuning Followed by Global Gradient)::
+
+    for r = 0, 1, ...:
+        sample clients C^r
+        for m in C^r:
+            w_m^r ~ argmin_w f_m(theta^r, w)      # Alg. 2 or any solver; theta frozen
+            Delta_m^r = grad_theta f_m(theta^r, w_m^r)   # sent alone (key "gradient")
+        theta^{r+1} = theta^r - gamma_theta * (1/|C^r|) sum_m Delta_m^r   # unweighted mean
+
+Alg. 2, the local fine-tuner, from ``ffgg-init`` (``random`` by default; ``zeros`` — the
+theory's choice —, ``received`` — the server's pre-trained slice or the shared seeded init —,
+or ``stored`` — this client's previous w, i.e. stateful):
+``w <- w - gamma_w grad_w f_m(theta^r, w)`` for tau steps. Solvers (``ffgg-solver``): ``sgd``
+(``personal-epochs`` or ``personal-steps`` minibatch steps at ``personal-lr``), ``gd`` (tau =
+``personal-steps`` full-batch steps) and ``cg`` (tau conjugate-gradient iterations on the Newton
+system in w: exact for losses quadratic in w, as in the paper's §3.1).
+
+Alg. 4, Local FFGG (the variant the paper runs on real data)::
+
+    for m in C^r:
+        theta^{r,0} = theta^r ; w^{r,0} ~ argmin_w f_m(theta^r, w)   # 1 epoch SGD on w, fresh init
+        for k in 0..K-1:
+            w^{r,k+1}     = w^{r,k}     - gamma_w     grad_w     f_m(theta^{r,k}, w^{r,k})
+            theta^{r,k+1} = theta^{r,k} - gamma_theta grad_theta f_m(theta^{r,k}, w^{r,k+1})
+        Delta_m = theta^r - theta^{r,K}                              # key "delta"
+    theta^{r+1} = ServerOpt(theta^r, mean_m Delta_m)                 # FedAvg (lr 1) or FedAdam
+
+K is one epoch of alternating minibatch steps (``local-epochs`` / ``local-steps``); both steps
+of a pair use the same minibatch.
+
+**Split diagnostic** (§2.4): ||Delta_m|| ~ ||F_m(theta)|| after fine-tuning. Its mean and max
+over the round's clients are reported every round (``grad-norm-mean``, ``grad-norm-max``);
+near zero means theta no longer learns: personalize fewer parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord
+
+from pflower.config import Config
+from pflower.strategies.base import (
+    DELTA,
+    GRADIENT,
+    NUM_EXAMPLES,
+    ClientHalf,
+    ClientJob,
+    ClientUpdate,
+    PersonalizedStrategy,
+    weighted_mean,
+)
+from pflower.task import split as splits
+from pflower.task import train as training
+
+
+class _GradientStrategy(PersonalizedStrategy):
+    """Mean of the clients' vectors (unweighted as in the paper, or data-size weighted),
+    handed to the server optimizer; reports the split diagnostic."""
+
+    def __init__(self, *, weighted: bool = False, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.weighted = weighted
+
+    def aggregate(
+        self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
+    ) -> dict[str, np.ndarray]:
+        weights = [u.num_examples if self.weighted else 1.0 for u in updates]
+        mean = weighted_mean([u.tensors for u in updates], weights)
+        return self.server_optimizer.step(current, mean)
+
+    def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
+        """Adds the split diagnostic: mean and max of ||Delta_m|| over the round's clients."""
+        norms = [u.metrics["grad-norm"] for u in updates if "grad-norm" in u.metrics]
+        metrics = super().round_metrics(updates)
+        if norms:
+            metrics.update(
+                {"grad-norm-mean": float(np.mean(norms)), "grad-norm-max": float(np.max(norms))}
+            )
+        return metrics
+
+
+class FFGG(_GradientStrategy):
+    """FFGG's server (Alg. 1): ``theta <- theta - gamma_theta * mean_m Delta_m``.
+
+    ``gamma_theta`` is the server optimizer's lr (``server-lr``; SGD by default; Adam as an
+    option). Takes ``weighted`` (default ``False``: the paper's unweighted mean;
+    ``True``: weighted by the clients' data sizes) and the parameters of
+    ``PersonalizedStrategy``; its replies carry the key ``gradient``.
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(reply_key=GRADIENT, **kwargs)
+
+
+class LocalFFGG(_GradientStrategy):
+    """Local FFGG's server (Alg. 4): ``theta <- ServerOpt(theta, mean_m Delta_m)`` with
+    ``Delta_m = theta^r - theta^{r,K}``; SGD with lr 1 is FedAvg, Adam is FedAdam.
+    Replies carry the key ``delta``."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(reply_key=DELTA, **kwargs)
+
+
+class _FFGGClientBase(ClientHalf):
+    """Where w starts (``ffgg-init``) and how a new client is evaluated."""
+
+    def init_personal(self, job: ClientJob) -> None:
+        mode = job.cfg.ffgg_init
+        if mode == "stored" and job.restore_personal():
+            return
+        if mode in ("received", "stored"):
+            splits.set_tensors(job.model, job.init_personal)
+        elif mode == "zeros":
+            with torch.no_grad():
+                for p in job.personal_params():
+                    p.zero_()
+        else:  # random: each layer's own default init, drawn from this message's seed
+            reset_personal(job)
+
+    def new_client(self, job: ClientJob) -> None:
+        self.init_personal(job)
+
+    def fine_tune_personal(self, job: ClientJob) -> int:
+        """Alg. 2 with the configured solver; returns the examples it went through."""
+        cfg, params = job.cfg, job.personal_params()
+        if cfg.ffgg_solver == "sgd":
+            return job.sgd(
+                params,
+                lr=cfg.effective_personal_lr,
+                epochs=cfg.personal_epochs,
+                steps=cfg.personal_steps,
+            ).examples
+        if cfg.ffgg_solver == "gd":
+            return training.gradient_descent(
+                job.model,
+                params,
+                job.train_loader,
+                lr=cfg.effective_personal_lr,
+                steps=cfg.personal_steps,
+                device=job.device,
+            )
+        return training.conjugate_gradient(
+            job.model, params, job.train_loader, steps=cfg.personal_steps, device=job.device
+        )
+
+
+def reset_personal(job: ClientJob) -> None:
+    """Re-draw the personal parameters with their layers' default initialisation."""
+    personal = set(job.split.personal)
+    shared = splits.get_tensors(job.model, job.split.shared)
+    for name, module in job.model.named_modules():
+        own = [f"{name}.{n}" if name else n for n, _ in module.named_parameters(recurse=False)]
+        if any(n in personal for n in own) and hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    splits.set_tensors(job.model, shared)  # a layer with shared parameters too keeps them
+
+
+class FFGGClient(_FFGGClientBase):
+    """Fine-tune w with theta frozen, then send grad_theta f_m(theta, w) over the local data."""
+
+    reply_key = GRADIENT
+
+    def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
+        self.init_personal(job)
+        seen = self.fine_tune_personal(job)
+        if job.cfg.ffgg_init == "stored":
+            job.save_personal()
+        shared = job.shared_params()
+        grads = training.full_gradient(job.model, shared, job.train_loader, job.device)
+        norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
+        record = ArrayRecord({n: g.cpu() for n, g in zip(job.split.shared, grads)})
+        return record, {
+            NUM_EXAMPLES: job.num_train,
+            "grad-norm": norm,
+            "data-passes": seen / max(1, job.num_train) + 1.0,
+        }
+
+
+class LocalFFGGClient(_FFGGClientBase):
+    """One epoch of w-only SGD from a fresh init, then K alternating (w, theta) steps;
+    sends the theta delta."""
+
+    reply_key = DELTA
+
+    def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
+        cfg = job.cfg
+        self.init_personal(job)
+        seen = self.fine_tune_personal(job)
+        start = splits.get_tensors(job.model, job.split.shared)
+        steps = cfg.local_steps or cfg.local_epochs * len(job.train_loader)
+        result = training.alternating_sgd(
+            job.model,
+            job.personal_params(),
+            job.shared_params(),
+            job.train_loader,
+            lr_first=cfg.effective_personal_lr * float(config.get("lr-scale", 1.0)),
+            lr_second=float(config["lr"]),
+            steps=steps,
+            device=job.device,
+        )
+        if cfg.ffgg_init == "stored":
+            job.save_personal()
+        end = splits.get_tensors(job.model, job.split.shared)
+        delta = {n: start[n] - end[n] for n in job.split.shared}
+        norm = torch.sqrt(sum((d.double() ** 2).sum() for d in delta.values())).item()
+        return ArrayRecord(delta), {
+            NUM_EXAMPLES: job.num_train,
+            "train-loss": result.loss,
+            "grad-norm": norm,
+            "data-passes": (seen + result.examples) / max(1, job.num_train),
+        }
+
+
+def ffgg_strategy(cfg: Config, **kwargs) -> FFGG:
+    return FFGG(weighted=cfg.ffgg_weighting == "num-examples", **kwargs)
+
+
+def local_ffgg_strategy(cfg: Config, **kwargs) -> LocalFFGG:
+    return LocalFFGG(weighted=cfg.ffgg_weighting == "num-examples", **kwargs)
