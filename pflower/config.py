@@ -37,9 +37,18 @@ FFGG_WEIGHTINGS = ("uniform", "num-examples")
 HEAD_ALIASES = {"fedrep": "fedalt", "fedper": "fedsim"}
 SERVER_OPTIMIZERS = ("sgd", "adam")
 LR_SCHEDULES = ("constant", "linear", "exponential")
-MODELS = ("logreg", "mlp", "pflego-mlp", "cnn-cifar", "cnn-apfl", "conv4", "resnet18-gn")
+MODELS = (
+    "logreg",
+    "mlp",
+    "pflego-mlp",
+    "cnn-cifar",
+    "cnn-apfl",
+    "conv4",
+    "resnet18-gn",
+    "synthetic-linear",
+)
 SPLITS = ("none", "head", "input", "adapter", "full")
-BUILTIN_DATASETS = ("mnist-5k", "digits", "synthetic-leaf")
+BUILTIN_DATASETS = ("mnist-5k", "digits", "synthetic-leaf", "synthetic-linear")
 #: ``hf:<hub id>`` loads a Hugging Face data set through flwr-datasets; ``disk:<path>`` a
 #: directory written by ``datasets.save_to_disk`` or a folder of parquet files.
 DATASET_PREFIXES = ("hf:", "disk:")
@@ -90,6 +99,9 @@ class Config(BaseModel):
     synthetic_beta: float = Field(0.5, alias="synthetic-beta", ge=0)
     synthetic_dim: int = Field(60, alias="synthetic-dim", ge=1)
     synthetic_classes: int = Field(10, alias="synthetic-classes", ge=2)
+    linear_n: int = Field(10_000, alias="linear-n", ge=1)
+    linear_dtheta: int = Field(100, alias="linear-dtheta", ge=1)
+    linear_dw: int = Field(50, alias="linear-dw", ge=1)
 
     # --- federation ------------------------------------------------------------------------
     num_server_rounds: int = Field(20, alias="num-server-rounds", ge=1)
@@ -181,8 +193,15 @@ class Config(BaseModel):
                     f"key 'split-patterns' = {self.split_patterns!r}: must be a comma-"
                     "separated list of glob patterns over parameter names, e.g. 'fc.*,layer4.*'"
                 )
+        if (self.dataset == "synthetic-linear") != (self.model == "synthetic-linear"):
+            raise ConfigError(
+                f"key 'model' = {self.model!r}, 'dataset' = {self.dataset!r}: the synthetic "
+                "linear problem is both a data set and a model; set both to 'synthetic-linear'"
+            )
         num_classes = self.known_num_classes
-        uses_classes = self.partitioner in ("pathological", "round-robin")
+        uses_classes = self.partitioner in ("pathological", "round-robin") and (
+            self.dataset != "synthetic-linear"
+        )
         if uses_classes and num_classes is not None and self.classes_per_client > num_classes:
             raise ConfigError(
                 f"key 'classes-per-client' = {self.classes_per_client}: data set "

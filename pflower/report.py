@@ -188,6 +188,8 @@ def summary_table(report: RunReport) -> str:
         personal = _pct(s, f"personal-accuracy{suffix}")
         glob = _pct(s, f"global-accuracy{suffix}")
         lines.append(f"| {label:<24} |       {personal} | {glob} |")
+    loss = [f"{s[k]:.4g}" if k in s else "–" for k in ("personal-loss", "global-loss")]
+    lines.append(f"| {'pooled loss':<24} | {loss[0]:>12} | {loss[1]:>6} |")
     hurt = s.get("clients-hurt")
     lines += [
         "",

@@ -46,6 +46,7 @@ from pflower.strategies.ffgg import (
     local_ffgg_strategy,
 )
 from pflower.task.data import dataset_info
+from pflower.task.linear import SyntheticLinear
 from pflower.task.models import build_model
 from pflower.task.split import Split, make_split
 
@@ -98,6 +99,8 @@ def make_strategy(cfg: Config, shared_names=None) -> PersonalizedStrategy:
 
 def build_run_model(cfg: Config) -> nn.Module:
     """The run's model, built identically (seeded) on the server and on every client."""
+    if cfg.model == "synthetic-linear":
+        return SyntheticLinear(cfg.linear_dtheta, cfg.linear_dw)
     info = dataset_info(cfg)
     return build_model(
         cfg.model,

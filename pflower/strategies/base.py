@@ -410,7 +410,7 @@ class PersonalizedStrategy(Strategy):
     def aggregate_evaluate(self, server_round, replies) -> MetricRecord | None:
         rows = []
         for msg in replies:
-            metrics = self._metrics(server_round, msg, [NUM_EXAMPLES, "personal-accuracy"])
+            metrics = self._metrics(server_round, msg, [NUM_EXAMPLES, "personal-loss"])
             if metrics is not None:
                 rows.append(metrics)
         if not rows:
@@ -468,22 +468,26 @@ def weighted_mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def summarize_clients(rows: list[dict[str, float]]) -> dict[str, float]:
-    """Pooled and per-client statistics of personalized (and global) test accuracy."""
+    """Pooled and per-client statistics of personalized (and global) test accuracy and loss."""
     n = np.asarray([r[NUM_EXAMPLES] for r in rows], dtype=float)
     out: dict[str, float] = {"clients": len(rows), NUM_EXAMPLES: float(n.sum())}
     for which in ("personal", "global"):
+        if not all(f"{which}-loss" in r for r in rows):
+            continue
+        loss = np.asarray([r[f"{which}-loss"] for r in rows], dtype=float)
+        out[f"{which}-loss"] = float((loss * n).sum() / n.sum())
         if not all(f"{which}-accuracy" in r for r in rows):
             continue
         acc = np.asarray([r[f"{which}-accuracy"] for r in rows], dtype=float)
-        loss = np.asarray([r[f"{which}-loss"] for r in rows], dtype=float)
         out[f"{which}-accuracy"] = float((acc * n).sum() / n.sum())  # pooled over test examples
-        out[f"{which}-loss"] = float((loss * n).sum() / n.sum())
         out[f"{which}-accuracy-mean"] = float(acc.mean())
         for q in (10, 50, 90):
             out[f"{which}-accuracy-p{q}"] = float(np.percentile(acc, q))
         out[f"{which}-accuracy-worst"] = float(acc.min())
     if "global-accuracy" in out:
         out["clients-hurt"] = int(sum(r["personal-accuracy"] < r["global-accuracy"] for r in rows))
+    elif "global-loss" in out:
+        out["clients-hurt"] = int(sum(r["personal-loss"] > r["global-loss"] for r in rows))
     return out
 
 
@@ -633,34 +637,29 @@ class ClientHalf:
         return ArrayRecord(splits.get_tensors(job.model, every)), train_metrics(job, result)
 
     def evaluate(self, job: ClientJob, config: Mapping) -> dict[str, float]:
-        metrics: dict[str, float] = {"partition-id": job.partition_id}
+        metrics: dict[str, float] = {"partition-id": job.partition_id, "num-train": job.num_train}
         if config.get("phase") == "pretrain":  # the whole received model: nothing personal yet
             out = job.evaluate()
             return {
                 **metrics,
                 NUM_EXAMPLES: out["num-examples"],
-                "num-train": job.num_train,
-                "personal-accuracy": out["accuracy"],
-                "personal-loss": out["loss"],
-                "global-accuracy": out["accuracy"],
-                "global-loss": out["loss"],
+                **_tagged("personal", out),
+                **_tagged("global", out),
             }
         glob: dict = {}
         if self.has_global:
             self.new_client(job)
             glob = job.evaluate()
-            metrics.update({"global-accuracy": glob["accuracy"], "global-loss": glob["loss"]})
+            metrics.update(_tagged("global", glob))
         if self.personalizes or not self.has_global:
             self.personalize(job, final=bool(config.get("final", False)))
             pers = job.evaluate()
         else:
             pers = glob
-        metrics.update(
-            {
-                NUM_EXAMPLES: pers["num-examples"],
-                "personal-accuracy": pers["accuracy"],
-                "personal-loss": pers["loss"],
-                "num-train": job.num_train,
-            }
-        )
+        metrics.update({NUM_EXAMPLES: pers["num-examples"], **_tagged("personal", pers)})
         return metrics
+
+
+def _tagged(which: str, out: Mapping) -> dict[str, float]:
+    """``loss`` (and ``accuracy`` for classifiers) of an evaluation, as ``<which>-...``."""
+    return {f"{which}-{k}": out[k] for k in ("loss", "accuracy") if k in out}

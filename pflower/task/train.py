@@ -19,6 +19,16 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 
+def loss_fn(model: nn.Module):
+    """The model's loss ``(output, target, reduction) -> tensor``: cross-entropy unless the
+    model defines its own ``loss`` (e.g. the squared error of the synthetic linear problem)."""
+    return getattr(model, "loss", F.cross_entropy)
+
+
+def is_classifier(model: nn.Module) -> bool:
+    return not hasattr(model, "loss")
+
+
 @dataclass(frozen=True)
 class TrainResult:
     """What one call of ``sgd`` did: mean minibatch loss, steps taken, examples seen."""
@@ -68,7 +78,7 @@ def sgd(
     max_grad_norm: float = 0.0,
     device: torch.device | str = "cpu",
 ) -> TrainResult:
-    """Minibatch SGD with cross-entropy on ``params`` only.
+    """Minibatch SGD of the model's loss (``loss_fn``) on ``params`` only.
 
     ``params`` is a list of parameters, or of ``torch.optim`` parameter groups (dicts with
     ``params`` and their own ``lr``), e.g. shared and personal parts with separate rates.
@@ -84,13 +94,14 @@ def sgd(
     num_steps = steps if steps > 0 else epochs * len(loader)
     optimizer = torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
     total_loss, examples = 0.0, 0
+    criterion = loss_fn(model)
     model.train()
     with only_trainable(model, trainable):
         batches = itertools.chain.from_iterable(itertools.repeat(loader))
         for x, y in itertools.islice(batches, num_steps):
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x), y)
+            loss = criterion(model(x), y)
             loss.backward()
             if max_grad_norm > 0:
                 nn.utils.clip_grad_norm_(trainable, max_grad_norm)
@@ -102,29 +113,29 @@ def sgd(
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: DataLoader, device: torch.device | str = "cpu") -> dict:
-    """Cross-entropy loss and accuracy of ``model`` over ``loader``."""
+    """Mean loss and (for classifiers) accuracy of ``model`` over ``loader``."""
     model.eval()
+    criterion, classifier = loss_fn(model), is_classifier(model)
     loss, correct, n = 0.0, 0, 0
     for x, y in loader:
         x, y = x.to(device), y.to(device)
-        logits = model(x)
-        loss += F.cross_entropy(logits, y, reduction="sum").item()
-        correct += int((logits.argmax(1) == y).sum())
+        out = model(x)
+        loss += criterion(out, y, reduction="sum").item()
+        if classifier:
+            correct += int((out.argmax(1) == y).sum())
         n += len(y)
-    return {
-        "loss": loss / max(1, n),
-        "accuracy": correct / max(1, n),
-        "correct": correct,
-        "num-examples": n,
-    }
+    result = {"loss": loss / max(1, n), "num-examples": n}
+    if classifier:
+        result.update({"accuracy": correct / max(1, n), "correct": correct})
+    return result
 
 
 def _loss_sum(model: nn.Module, loader: DataLoader, device) -> tuple[torch.Tensor, int]:
-    """Sum of per-example cross-entropy over ``loader`` (graph kept) and the example count."""
-    total, n = 0.0, 0
+    """Sum of the per-example loss over ``loader`` (graph kept) and the example count."""
+    total, n, criterion = 0.0, 0, loss_fn(model)
     for x, y in loader:
         x, y = x.to(device), y.to(device)
-        total = total + F.cross_entropy(model(x), y, reduction="sum")
+        total = total + criterion(model(x), y, reduction="sum")
         n += len(y)
     return total, n
 
@@ -132,18 +143,18 @@ def _loss_sum(model: nn.Module, loader: DataLoader, device) -> tuple[torch.Tenso
 def full_gradient(
     model: nn.Module, params: Sequence[nn.Parameter], loader: DataLoader, device="cpu"
 ) -> list[torch.Tensor]:
-    """Gradient of the mean cross-entropy over the whole loader w.r.t. ``params``.
+    """Gradient of the mean loss over the whole loader w.r.t. ``params``.
 
     Accumulated batch by batch (each batch's sum, divided by the total count at the end), so
     memory stays that of one batch whatever the size of the local set.
     """
     model.eval()  # no dropout: the gradient of the function being minimised
     grads = [torch.zeros_like(p) for p in params]
-    n = 0
+    n, criterion = 0, loss_fn(model)
     with only_trainable(model, params):
         for x, y in loader:
             x, y = x.to(device), y.to(device)
-            loss = F.cross_entropy(model(x), y, reduction="sum")
+            loss = criterion(model(x), y, reduction="sum")
             for g, gi in zip(grads, torch.autograd.grad(loss, params)):
                 g += gi
             n += len(y)
@@ -240,7 +251,7 @@ def alternating_sgd(
     if steps <= 0 or len(loader) == 0:
         return TrainResult(loss=float("nan"), steps=0, examples=0)
     model.train()
-    total, examples = 0.0, 0
+    total, examples, criterion = 0.0, 0, loss_fn(model)
     batches = itertools.chain.from_iterable(itertools.repeat(loader))
     for x, y in itertools.islice(batches, steps):
         x, y = x.to(device), y.to(device)
@@ -248,7 +259,7 @@ def alternating_sgd(
             if not params:
                 continue
             with only_trainable(model, params):
-                loss = F.cross_entropy(model(x), y)
+                loss = criterion(model(x), y)
                 grads = torch.autograd.grad(loss, params)
             with torch.no_grad():
                 for p, g in zip(params, grads):

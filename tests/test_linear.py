@@ -1,0 +1,87 @@
+"""FFGG's synthetic problem (§3.1): closed forms vs the model, CG exactness, and FFGG with
+exact inner solves = gradient descent on F, step by step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import job_for
+
+from pflower.strategies import FFGGClient
+from pflower.task import linear
+from pflower.task.split import get_tensors
+
+SMALL = {
+    "dataset": "synthetic-linear",
+    "model": "synthetic-linear",
+    "linear-n": 40,
+    "linear-dtheta": 6,
+    "linear-dw": 4,
+    "batch-size": 1000,
+    "algorithm": "ffgg",
+    "ffgg-solver": "cg",
+    "personal-steps": 4,
+    "ffgg-init": "zeros",
+    "split": "head",
+}
+
+
+def clients(n_clients=4, **kw):
+    return [linear.make_client(m, n=40, d_theta=6, d_w=4, seed=0) for m in range(n_clients)]
+
+
+def test_model_loss_is_f_m_over_2n_and_the_split_is_theta_shared_w_personal():
+    job = job_for(SMALL)
+    c = clients()[0]
+    assert job.split.shared == ("theta.weight",) and job.split.personal == ("w.weight",)
+    theta, w = np.random.default_rng(1).normal(size=6), np.random.default_rng(2).normal(size=4)
+    with torch.no_grad():
+        job.model.theta.weight.copy_(torch.tensor(theta)[None])
+        job.model.w.weight.copy_(torch.tensor(w)[None])
+    f = 0.5 * np.sum((c.H @ theta - c.b) ** 2) + 0.5 * np.sum((c.A @ theta + c.B @ w - c.y) ** 2)
+    assert job.evaluate()["loss"] == pytest.approx(f / (2 * c.n), rel=1e-5)
+
+
+@pytest.mark.parametrize("tau", [1, 4])
+def test_cg_with_tau_equal_d_w_solves_the_inner_problem_exactly(tau):
+    job = job_for({**SMALL, "personal-steps": tau})
+    theta = np.random.default_rng(3).normal(size=6)
+    with torch.no_grad():
+        job.model.theta.weight.copy_(torch.tensor(theta)[None])
+    FFGGClient().init_personal(job)
+    FFGGClient().fine_tune_personal(job)
+    w = get_tensors(job.model, ["w.weight"])["w.weight"].double().numpy().ravel()
+    error = np.linalg.norm(w - clients()[0].best_w(theta)) / np.linalg.norm(w)
+    if tau == 4:  # tau = d_w: exact up to float32 arithmetic on an ill-conditioned B^T B
+        assert error < 1e-3
+    else:
+        assert error > 1e-2
+
+
+def test_ffgg_with_exact_inner_solves_is_gradient_descent_on_F():
+    """Full participation, CG with tau = d_w, unweighted mean:
+    theta^{r+1} = theta^r - gamma F(theta^r), F in closed form."""
+    cs, gamma = clients(), 20.0
+    theta = np.zeros(6)
+    reference = np.zeros(6)
+    for _ in range(4):
+        grads = []
+        for pid in range(4):
+            job = job_for(SMALL, partition_id=pid)
+            with torch.no_grad():
+                job.model.theta.weight.copy_(torch.tensor(theta, dtype=torch.float32)[None])
+            record, _ = FFGGClient().train(job, {"lr": 0.0})
+            grads.append(record.to_torch_state_dict()["theta.weight"].double().numpy().ravel())
+        theta = theta - gamma * np.mean(grads, axis=0)
+        reference = reference - gamma * linear.operator(cs, reference)
+        assert np.allclose(theta, reference, rtol=1e-4, atol=1e-6)
+    # and it is heading for theta*: F shrinks
+    assert np.linalg.norm(linear.operator(cs, theta)) < np.linalg.norm(
+        linear.operator(cs, np.zeros(6))
+    )
+
+
+def test_optimum_zeroes_the_operator():
+    cs = clients()
+    assert np.linalg.norm(linear.operator(cs, linear.optimum(cs))) < 1e-10
