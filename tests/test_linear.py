@@ -85,3 +85,21 @@ def test_ffgg_with_exact_inner_solves_is_gradient_descent_on_F():
 def test_optimum_zeroes_the_operator():
     cs = clients()
     assert np.linalg.norm(linear.operator(cs, linear.optimum(cs))) < 1e-10
+
+
+@pytest.mark.parametrize(
+    "algorithm", ["fedavg", "fedavg-ft", "local", "fedalt", "fedsim", "ffgg", "local-ffgg"]
+)
+def test_every_algorithm_runs_on_the_regression_problem(algorithm):
+    from pflower.strategies import ALGORITHMS
+
+    job = job_for(
+        {**SMALL, "algorithm": algorithm, "ffgg-solver": "sgd", "batch-size": 16, "lr": 0.1}
+    )
+    half = ALGORITHMS[algorithm].client
+    record, metrics = half.train(job, {"lr": 0.1, "lr-scale": 1.0})
+    assert metrics["num-examples"] == 80 and all(
+        torch.isfinite(t).all() for t in record.to_torch_state_dict().values()
+    )
+    out = half.evaluate(job, {"final": True})
+    assert "personal-loss" in out and "personal-accuracy" not in out  # regression: no accuracy
