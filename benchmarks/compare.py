@@ -10,7 +10,8 @@ process. Writes every run's final metrics to JSON and prints a Markdown table.
 Methods (``--methods``, default all): FedAvg (global model), FedAvg-FT (FedAvg, then every
 parameter fine-tuned locally), Local (each client alone), and per split (``--splits``):
 FT(part.) (FedAvg, then the split's personal part fine-tuned), FedAlt and FedSim (FedAvg
-pre-training for half the rounds, then the algorithm, then v-only fine-tuning). Every
+pre-training for half the rounds, then the algorithm, then v-only fine-tuning); with
+``--ffgg`` also Local FFGG and FFGG through the same pipeline. Every
 method gets the same total number of rounds and the same local epochs per round; 20% of the
 clients are sampled per round, except Local, where every client trains every round.
 Only the final round is evaluated (every client). ``hurt vs FedAvg``: clients whose
@@ -64,7 +65,7 @@ SETTINGS = {
 SPLITS = ("head", "input", "adapter")
 
 
-def methods(splits, rounds: int) -> list[tuple[str, str, dict]]:
+def methods(splits, rounds: int, with_ffgg: bool = False, ffgg_lr: float = 0.5):
     half = rounds // 2
     rows = [
         ("FedAvg (global)", "none", {"algorithm": "fedavg", "split": "none"}),
@@ -79,6 +80,11 @@ def methods(splits, rounds: int) -> list[tuple[str, str, dict]]:
             ("FedAlt", split, {"algorithm": "fedalt", **pipeline}),
             ("FedSim", split, {"algorithm": "fedsim", **pipeline}),
         ]
+        if with_ffgg:
+            rows += [
+                ("Local FFGG", split, {"algorithm": "local-ffgg", **pipeline}),
+                ("FFGG", split, {"algorithm": "ffgg", "server-lr": ffgg_lr, **pipeline}),
+            ]
     return rows
 
 
@@ -194,8 +200,10 @@ def main(argv=None) -> None:
     }
     results = []
     started = time.time()
-    for label, split, overrides in methods(args.splits, args.rounds):
-        if args.methods and not any(label.startswith(m) for m in args.methods):
+    for label, split, overrides in methods(
+        args.splits, args.rounds, args.ffgg, args.ffgg_server_lr
+    ):
+        if args.methods and label not in args.methods:
             continue
         runs = []
         for seed in args.seeds:
