@@ -178,6 +178,12 @@ def main(argv=None) -> None:
         metavar="KEY=VALUE",
         help="extra run-config overrides for every run",
     )
+    parser.add_argument(
+        "--ffgg", action="store_true", help="also run Local FFGG and FFGG (FedAlt's pipeline)"
+    )
+    parser.add_argument(
+        "--ffgg-server-lr", type=float, default=0.5, help="FFGG's gamma_theta in the FFGG rows"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
 
