@@ -92,6 +92,13 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
         content = RecordDict({key: record, METRICS: MetricRecord(metrics)})
         return Message(content=content, reply_to=msg)
 
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        """Answers the strategy's start-up question: which partition is this node?"""
+        pid = context.node_config.get("partition-id")
+        metrics = MetricRecord({"partition-id": int(pid)} if pid is not None else {})
+        return Message(content=RecordDict({METRICS: metrics}), reply_to=msg)
+
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
         cfg, job, config = setup(msg, context)

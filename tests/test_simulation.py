@@ -6,6 +6,7 @@ import csv
 import json
 
 import numpy as np
+import pytest
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 from flwr.simulation import run_simulation
@@ -145,3 +146,19 @@ def test_ffgg_and_local_ffgg_run_and_report_the_split_diagnostic(tmp_path):
         assert report.final["clients"] == 3
         (out,) = (tmp_path / algorithm).iterdir()
         assert (out / "split-diagnostic.png").stat().st_size > 0
+
+
+def test_a_run_is_reproducible_from_its_seed(tmp_path):
+    """Same config and seed, new node ids: the same clients are sampled, same results."""
+    overrides = {
+        "algorithm": "fedavg-ft",
+        "dataset": "digits",
+        "num-server-rounds": 2,
+        "fraction-train": 0.34,
+        "evaluate-every": 2,
+        "finetune-epochs": 1,
+        "outputs-dir": str(tmp_path),
+    }
+    first, second = simulate(overrides, num_nodes=3), simulate(overrides, num_nodes=3)
+    assert first.final["personal-accuracy"] == second.final["personal-accuracy"]
+    assert first.final["global-loss"] == pytest.approx(second.final["global-loss"], rel=1e-6)

@@ -175,3 +175,14 @@ def test_evaluation_summary_statistics():
     assert s["personal-accuracy-mean"] == pytest.approx(0.7)
     assert s["personal-accuracy-worst"] == 0.5 and s["clients-hurt"] == 1
     assert s["global-accuracy"] == pytest.approx((5 + 18) / 40)
+
+
+def test_sampling_follows_partition_ids_not_node_ids():
+    """Node ids are random per run; with the partition map the same clients are drawn."""
+    a, b = FedAvg(fraction_train=0.3, seed=1), FedAvg(fraction_train=0.3, seed=1)
+    a.partition_of = {100 + p: p for p in range(10)}  # run 1: node ids 100..109
+    b.partition_of = {900 - 7 * p: p for p in range(10)}  # run 2: other ids, other order
+    for _ in range(5):
+        pa = [a.partition_of[n] for n in a.sample(FakeGrid(a.partition_of), 0.3)]
+        pb = [b.partition_of[n] for n in b.sample(FakeGrid(b.partition_of), 0.3)]
+        assert pa == pb

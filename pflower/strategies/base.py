@@ -187,6 +187,7 @@ class PersonalizedStrategy(Strategy):
         self.history: list[RoundLog] = []
         self.final_clients: list[dict[str, float]] = []
         self.personal_init: ArrayRecord | None = None
+        self.partition_of: dict[int, int] = {}  # node id -> partition id
         self._current: ArrayRecord = ArrayRecord()
         self._round_start = 0.0
 
@@ -200,6 +201,7 @@ class PersonalizedStrategy(Strategy):
             )
         self.num_rounds = num_rounds
         self.history = []
+        self.learn_partitions(grid)
         return super().start(grid, initial_arrays, num_rounds=num_rounds, **kwargs)
 
     def summary(self) -> None:
@@ -229,16 +231,40 @@ class PersonalizedStrategy(Strategy):
         return server_round <= self.pretrain_rounds
 
     # --- sampling and messages -------------------------------------------------------------
-    def sample(self, grid: Grid, fraction: float, everyone: bool = False) -> list[int]:
-        """Uniform sample without replacement of ``max(1, round(fraction * N))`` nodes."""
+    def learn_partitions(self, grid: Grid, timeout: float = 60.0) -> None:
+        """Ask every node for its ``partition-id`` (a ``query`` message), once.
+
+        Node ids are random in each run; ordering nodes by partition id makes the seeded
+        sample the same clients in every run. A node that does not answer is ordered after
+        the others by its node id.
+        """
         nodes = sorted(grid.get_node_ids())
+        content = RecordDict({CONFIG: ConfigRecord({"query": "partition-id"})})
+        messages = [
+            Message(content=content, message_type=MessageType.QUERY, dst_node_id=n) for n in nodes
+        ]
+        for reply in grid.send_and_receive(messages, timeout=timeout):
+            if reply.has_error() or METRICS not in reply.content:
+                continue
+            pid = reply.content[METRICS].get("partition-id")
+            if isinstance(pid, (int, float)):
+                self.partition_of[reply.metadata.src_node_id] = int(pid)
+
+    def _ordered(self, nodes: Iterable[int]) -> list[int]:
+        unknown = 1 << 62
+        return sorted(nodes, key=lambda n: (self.partition_of.get(n, unknown), n))
+
+    def sample(self, grid: Grid, fraction: float, everyone: bool = False) -> list[int]:
+        """Uniform sample without replacement of ``max(1, round(fraction * N))`` nodes,
+        drawn over the nodes in partition-id order (see ``learn_partitions``)."""
+        nodes = self._ordered(grid.get_node_ids())
         while len(nodes) < self.min_available_nodes:
             log.info("waiting for nodes: %d of %d connected", len(nodes), self.min_available_nodes)
             time.sleep(1)
-            nodes = sorted(grid.get_node_ids())
+            nodes = self._ordered(grid.get_node_ids())
         if everyone:
             return nodes
-        return sorted(self.rng.sample(nodes, max(1, round(fraction * len(nodes)))))
+        return self._ordered(self.rng.sample(nodes, max(1, round(fraction * len(nodes)))))
 
     def train_config(self, server_round: int) -> dict:
         """Settings sent to clients with each training round (subclasses add theirs)."""
