@@ -118,7 +118,9 @@ class PersonalizedStrategy(Strategy):
         ``constant``, ``linear`` (warm-up over ``lr_warmup_fraction`` of the rounds, then
         linear decay to 0) or ``exponential`` (halve every ``lr_halve_every`` rounds).
     lr_warmup_fraction : float (default: 0.1)
+        Share of the algorithm's rounds the ``linear`` schedule warms up over.
     lr_halve_every : int (default: 500)
+        Rounds between halvings of the ``exponential`` schedule.
     server_optimizer : ServerOptimizer or None (default: None)
         Applied to the pseudo-gradient (or gradient) by subclasses that use one;
         ``None`` means SGD with server lr 1 (FedAvg).
