@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 #: ``fedalt`` / ``fedsim``: Pillutla et al. 2022; ``fedrep`` / ``fedper`` are the literature's
 #: names for FedAlt / FedSim with the head split.
 #: ``ffgg`` / ``local-ffgg``: Mishchenko et al., FFGG (Alg. 1) and Local FFGG (Alg. 4).
+#: ``local-gd``: FedAvg with full-batch gradient steps (FFGG's §3.2 baseline).
 ALGORITHMS = (
     "fedavg",
     "fedavg-ft",
@@ -30,6 +31,7 @@ ALGORITHMS = (
     "fedper",
     "ffgg",
     "local-ffgg",
+    "local-gd",
 )
 FFGG_INITS = ("random", "zeros", "received", "stored")
 FFGG_SOLVERS = ("sgd", "gd", "cg")

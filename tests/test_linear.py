@@ -103,3 +103,22 @@ def test_every_algorithm_runs_on_the_regression_problem(algorithm):
     )
     out = half.evaluate(job, {"final": True})
     assert "personal-loss" in out and "personal-accuracy" not in out  # regression: no accuracy
+
+
+def test_local_gd_round_is_tau_closed_form_gradient_steps_on_the_whole_model():
+    from pflower.strategies import LocalGDClient
+
+    job = job_for({**SMALL, "algorithm": "local-gd", "local-steps": 3, "split": "head"})
+    x, t = clients()[0].rows()
+    z = np.random.default_rng(5).normal(size=10)  # (theta, w)
+    with torch.no_grad():
+        job.model.theta.weight.copy_(torch.tensor(z[:6], dtype=torch.float32)[None])
+        job.model.w.weight.copy_(torch.tensor(z[6:], dtype=torch.float32)[None])
+    record, metrics = LocalGDClient().train(job, {"lr": 0.5})
+    for _ in range(3):  # gradient of the mean loss f_m / (2n): X^T (X z - t) / (2n)
+        z = z - 0.5 * x.T @ (x @ z - t) / len(t)
+    sent = record.to_torch_state_dict()
+    assert list(sent) == ["theta.weight", "w.weight"]  # non-personalized: everything travels
+    assert np.allclose(sent["theta.weight"].double().numpy().ravel(), z[:6], rtol=1e-4)
+    assert np.allclose(sent["w.weight"].double().numpy().ravel(), z[6:], rtol=1e-4)
+    assert metrics["data-passes"] == 3

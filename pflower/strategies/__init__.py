@@ -34,6 +34,7 @@ from pflower.strategies.fedavg import (
     FedAvgFineTuneClient,
     Local,
     LocalClient,
+    LocalGDClient,
     fedavg_strategy,
     local_strategy,
 )
@@ -78,6 +79,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "fedper": Algorithm(fedsim_strategy, FedSimClient()),
     "ffgg": Algorithm(ffgg_strategy, FFGGClient()),
     "local-ffgg": Algorithm(local_ffgg_strategy, LocalFFGGClient()),
+    "local-gd": Algorithm(fedavg_strategy, LocalGDClient(), "none", "none"),
 }
 
 
@@ -145,6 +147,7 @@ __all__ = [
     "LocalClient",
     "LocalFFGG",
     "LocalFFGGClient",
+    "LocalGDClient",
     "FedSim",
     "FedSimClient",
     "PersonalizedStrategy",

@@ -7,6 +7,9 @@
   personal part of ``split`` (e.g. the head) for ``finetune-epochs`` with the rest frozen,
   starting from the received model, and reports that personalized model next to the global
   one. The fine-tuned copy never leaves the client.
+- ``local-gd``: FedAvg whose clients take tau full-batch gradient steps on the whole model
+  (tau = ``local-steps``, or ``local-epochs`` when that is 0), the "Local GD" baseline of
+  Mishchenko et al. §3.2 (non-personalized; step 1/(L tau) there).
 - ``local``: every parameter is personal (split ``full``): each client trains its own model
   alone, kept in its store between rounds; nothing is aggregated. Sampling is the same as
   the federated algorithms', so each client gets the same local compute per round.
@@ -27,6 +30,7 @@ from pflower.strategies.base import (
     PersonalizedStrategy,
     train_metrics,
 )
+from pflower.task import train as training
 from pflower.task.split import make_split
 
 
@@ -78,6 +82,25 @@ class FedAvgFineTuneClient(FedAvgClient):
     def personalize(self, job: ClientJob, final: bool = False) -> None:
         # The received model is the init of the fine-tuning; the copy stays here.
         job.fine_tune(make_split(job.model, job.cfg.split, job.cfg.personal_patterns).personal)
+
+
+class LocalGDClient(FedAvgClient):
+    """tau full-batch gradient-descent steps on the whole received model."""
+
+    def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
+        steps = job.cfg.local_steps or job.cfg.local_epochs
+        seen = training.gradient_descent(
+            job.model,
+            job.shared_params(),
+            job.train_loader,
+            lr=float(config["lr"]),
+            steps=steps,
+            device=job.device,
+        )
+        result = training.TrainResult(loss=float("nan"), steps=steps, examples=seen)
+        metrics = train_metrics(job, result)
+        del metrics["train-loss"]  # full-batch GD computes no minibatch loss
+        return job.shared_record(), metrics
 
 
 class LocalClient(ClientHalf):
