@@ -154,6 +154,11 @@ class _FFGGClientBase(ClientHalf):
         )
 
 
+def _norm(tensors) -> float:
+    """Euclidean norm of a list of tensors taken as one vector: the diagnostic ||Delta_m||."""
+    return torch.sqrt(sum((t.double() ** 2).sum() for t in tensors)).item()
+
+
 def reset_personal(job: ClientJob) -> None:
     """Re-draw the personal parameters with their layers' default initialisation."""
     personal = set(job.split.personal)
@@ -177,7 +182,7 @@ class FFGGClient(_FFGGClientBase):
             job.save_personal()
         shared = job.shared_params()
         grads = training.full_gradient(job.model, shared, job.train_loader, job.device)
-        norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
+        norm = _norm(grads)
         record = ArrayRecord({n: g.cpu() for n, g in zip(job.split.shared, grads)})
         return record, {
             NUM_EXAMPLES: job.num_train,
@@ -212,7 +217,7 @@ class LocalFFGGClient(_FFGGClientBase):
             job.save_personal()
         end = splits.get_tensors(job.model, job.split.shared)
         delta = {n: start[n] - end[n] for n in job.split.shared}
-        norm = torch.sqrt(sum((d.double() ** 2).sum() for d in delta.values())).item()
+        norm = _norm(delta.values())
         return ArrayRecord(delta), {
             NUM_EXAMPLES: job.num_train,
             "train-loss": result.loss,

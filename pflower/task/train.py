@@ -65,6 +65,11 @@ def only_trainable(model: nn.Module, params: Sequence[nn.Parameter]) -> Iterator
             p.requires_grad_(flag)
 
 
+def _cycle(loader: DataLoader, steps: int):
+    """``steps`` minibatches, passing over ``loader`` again (reshuffled) as often as needed."""
+    return itertools.islice(itertools.chain.from_iterable(itertools.repeat(loader)), steps)
+
+
 def sgd(
     model: nn.Module,
     params: Sequence[nn.Parameter] | Sequence[dict],
@@ -97,8 +102,7 @@ def sgd(
     criterion = loss_fn(model)
     model.train()
     with only_trainable(model, trainable):
-        batches = itertools.chain.from_iterable(itertools.repeat(loader))
-        for x, y in itertools.islice(batches, num_steps):
+        for x, y in _cycle(loader, num_steps):
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
             loss = criterion(model(x), y)
@@ -252,8 +256,7 @@ def alternating_sgd(
         return TrainResult(loss=float("nan"), steps=0, examples=0)
     model.train()
     total, examples, criterion = 0.0, 0, loss_fn(model)
-    batches = itertools.chain.from_iterable(itertools.repeat(loader))
-    for x, y in itertools.islice(batches, steps):
+    for x, y in _cycle(loader, steps):
         x, y = x.to(device), y.to(device)
         for params, lr in ((first, lr_first), (second, lr_second)):
             if not params:
