@@ -78,6 +78,9 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
         if PERSONAL_INIT in msg.content:
             job.set_personal_init(msg.content[PERSONAL_INIT])
         job.set_shared(msg.content[ARRAYS])
+        job.received = {
+            k: r for k, r in msg.content.array_records.items() if k not in (ARRAYS, PERSONAL_INIT)
+        }
         return cfg, job, config
 
     @app.train()
@@ -86,10 +89,11 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
         half = get_algorithm(cfg.algorithm).client
         if config.get("phase") == "pretrain":
             record, metrics = half.pretrain(job, config)
-            key = ARRAYS
+            records = {ARRAYS: record}
         else:
-            (record, metrics), key = half.train(job, config), half.reply_key
-        content = RecordDict({key: record, METRICS: MetricRecord(metrics)})
+            record, metrics = half.train(job, config)
+            records = record if isinstance(record, dict) else {half.reply_key: record}
+        content = RecordDict({**records, METRICS: MetricRecord(metrics)})
         return Message(content=content, reply_to=msg)
 
     @app.query()

@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 #: names for FedAlt / FedSim with the head split.
 #: ``ffgg`` / ``local-ffgg``: Mishchenko et al., FFGG (Alg. 1) and Local FFGG (Alg. 4).
 #: ``local-gd``: FedAvg with full-batch gradient steps (FFGG's §3.2 baseline).
+#: ``scaffold``: Karimireddy et al. 2020; ``l2gd``: Hanzely & Richtárik 2020 (FFGG's §3.2
+#: baselines).
 ALGORITHMS = (
     "fedavg",
     "fedavg-ft",
@@ -32,7 +34,10 @@ ALGORITHMS = (
     "ffgg",
     "local-ffgg",
     "local-gd",
+    "scaffold",
+    "l2gd",
 )
+SCAFFOLD_CONTROLS = ("local-steps", "full-gradient")
 FFGG_INITS = ("random", "zeros", "received", "stored")
 FFGG_SOLVERS = ("sgd", "gd", "cg")
 FFGG_WEIGHTINGS = ("uniform", "num-examples")
@@ -147,6 +152,11 @@ class Config(BaseModel):
     ffgg_solver: str = Field("sgd", alias="ffgg-solver")
     ffgg_weighting: str = Field("uniform", alias="ffgg-weighting")
 
+    # --- Scaffold / L2GD (FFGG's §3.2 baselines) --------------------------------------------
+    scaffold_control: str = Field("local-steps", alias="scaffold-control")
+    l2gd_lambda: float = Field(0.1, alias="l2gd-lambda", ge=0)
+    l2gd_p: float = Field(0.0, alias="l2gd-p", ge=0, lt=1)
+
     # --- run -------------------------------------------------------------------------------
     seed: int = 0
     device: str = "auto"
@@ -165,6 +175,17 @@ class Config(BaseModel):
         _one_of("ffgg-init", self.ffgg_init, FFGG_INITS)
         _one_of("ffgg-solver", self.ffgg_solver, FFGG_SOLVERS)
         _one_of("ffgg-weighting", self.ffgg_weighting, FFGG_WEIGHTINGS)
+        _one_of("scaffold-control", self.scaffold_control, SCAFFOLD_CONTROLS)
+        if self.algorithm == "l2gd" and self.fraction_train != 1:
+            raise ConfigError(
+                f"key 'fraction-train' = {self.fraction_train}: l2gd needs 1.0 (every client "
+                "takes every step of L2GD)"
+            )
+        if self.algorithm == "l2gd" and self.l2gd_p == 0 and self.local_steps < 2:
+            raise ConfigError(
+                f"key 'l2gd-p' = 0 means p = 1/local-steps, and 'local-steps' = "
+                f"{self.local_steps}: set 'local-steps' >= 2 or 'l2gd-p' in (0, 1)"
+            )
         if self.ffgg_solver in ("gd", "cg") and self.personal_steps == 0:
             raise ConfigError(
                 f"key 'personal-steps' = 0: ffgg-solver {self.ffgg_solver!r} runs "
@@ -235,6 +256,11 @@ class Config(BaseModel):
     @property
     def effective_pretrain_lr(self) -> float:
         return self.pretrain_lr or self.lr
+
+    @property
+    def effective_l2gd_p(self) -> float:
+        """L2GD's probability of an averaging step: ``l2gd-p``, or 1/local-steps."""
+        return self.l2gd_p or 1.0 / self.local_steps
 
     @property
     def base_algorithm(self) -> str:

@@ -92,6 +92,8 @@ def write(report: RunReport) -> Path:
     _plot_clients(report, out / "clients.png")
     if any("grad-norm-mean" in r.train for r in report.rounds):
         _plot_diagnostic(report, out / "split-diagnostic.png")
+    if any("theta-error" in r.server for r in report.rounds):
+        _plot_convergence(report, out / "convergence.png")
     return out
 
 
@@ -148,6 +150,22 @@ def _plot_diagnostic(report: RunReport, path: Path) -> None:
     ax.set_xlabel("round")
     ax.set_ylabel("||Delta_m|| (theta-gradient after fine-tuning)")
     ax.set_title("split diagnostic: near 0 => personalize fewer parameters")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _plot_convergence(report: RunReport, path: Path) -> None:
+    """synthetic-linear: ||theta - theta*||^2 and ||F(theta)||^2 per round (closed form)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rounds = [r for r in report.rounds if "theta-error" in r.server]
+    xs = [r.round for r in rounds]
+    ax.semilogy(xs, [r.server["theta-error"] for r in rounds], "-", label="||theta - theta*||^2")
+    ax.semilogy(xs, [r.server["operator-norm"] for r in rounds], "--", label="||F(theta)||^2")
+    ax.set_xlabel("round")
+    ax.set_title(f"{report.cfg.algorithm} on synthetic-linear")
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     fig.tight_layout()

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Mapping
 
 import torch
-from flwr.app import ArrayRecord, Context
+from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from pflower import report
@@ -19,6 +19,7 @@ from pflower.strategies import (
     personal_split,
     wire_split,
 )
+from pflower.task import linear
 from pflower.task.split import get_tensors
 
 log = logging.getLogger("flwr.pflower")
@@ -50,6 +51,7 @@ def run(grid: Grid, cfg: Config) -> report.RunReport:
         initial_arrays=ArrayRecord(get_tensors(model, initial)),
         num_rounds=cfg.total_rounds,
         timeout=cfg.round_timeout,
+        evaluate_fn=server_evaluation(cfg, strategy, len(list(grid.get_node_ids()))),
     )
     result = report.RunReport(
         cfg=cfg,
@@ -63,6 +65,30 @@ def run(grid: Grid, cfg: Config) -> report.RunReport:
     table = report.summary_table(result)
     print(f"\n{table}\n\nresults: {out}\n", flush=True)
     return result
+
+
+def server_evaluation(cfg: Config, strategy, num_nodes: int):
+    """Server-side metrics after every round (and of the initial model, round 0), kept in
+    the strategy's history. For ``synthetic-linear``: ||theta - theta*||^2 and ||F(theta)||^2
+    against the closed form (FFGG §3.1, ``task/linear.py``); none otherwise."""
+    if cfg.dataset != "synthetic-linear":
+        return None
+    clients = [
+        linear.make_client(
+            m, n=cfg.linear_n, d_theta=cfg.linear_dtheta, d_w=cfg.linear_dw, seed=cfg.seed
+        )
+        for m in range(num_nodes)
+    ]
+    reference = linear.Reference.build(clients)
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        if linear.THETA not in arrays:  # e.g. theta kept personal: nothing shared to judge
+            return None
+        metrics = reference.metrics(arrays[linear.THETA].numpy())
+        strategy.record_server_metrics(server_round, metrics)
+        return MetricRecord(metrics)
+
+    return evaluate
 
 
 def build_server_app(

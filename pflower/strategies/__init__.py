@@ -46,6 +46,8 @@ from pflower.strategies.ffgg import (
     ffgg_strategy,
     local_ffgg_strategy,
 )
+from pflower.strategies.l2gd import L2GD, L2GDClient, l2gd_strategy
+from pflower.strategies.scaffold import Scaffold, ScaffoldClient, scaffold_strategy
 from pflower.task.data import dataset_info
 from pflower.task.linear import SyntheticLinear
 from pflower.task.models import build_model
@@ -80,6 +82,9 @@ ALGORITHMS: dict[str, Algorithm] = {
     "ffgg": Algorithm(ffgg_strategy, FFGGClient()),
     "local-ffgg": Algorithm(local_ffgg_strategy, LocalFFGGClient()),
     "local-gd": Algorithm(fedavg_strategy, LocalGDClient(), "none", "none"),
+    "scaffold": Algorithm(scaffold_strategy, ScaffoldClient(), "none", "none"),
+    # L2GD averages whole local models: all of x_m crosses the wire and all of it is personal
+    "l2gd": Algorithm(l2gd_strategy, L2GDClient(), "none", "full"),
 }
 
 
@@ -143,6 +148,8 @@ __all__ = [
     "FedAvg",
     "FedAvgClient",
     "FedAvgFineTuneClient",
+    "L2GD",
+    "L2GDClient",
     "Local",
     "LocalClient",
     "LocalFFGG",
@@ -151,6 +158,8 @@ __all__ = [
     "FedSim",
     "FedSimClient",
     "PersonalizedStrategy",
+    "Scaffold",
+    "ScaffoldClient",
     "get_algorithm",
     "make_strategy",
     "personal_split",

@@ -71,6 +71,8 @@ class ClientUpdate:
     node_id: int
     tensors: dict[str, np.ndarray]
     metrics: dict[str, float]
+    #: further records of the reply (``extra_reply_keys``), same names and shapes
+    extra: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     @property
     def num_examples(self) -> float:
@@ -86,6 +88,7 @@ class RoundLog:
     evaluate: dict[str, float] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    server: dict[str, float] = field(default_factory=dict)  # server-side evaluation
 
 
 class PersonalizedStrategy(Strategy):
@@ -190,6 +193,7 @@ class PersonalizedStrategy(Strategy):
         self.final_clients: list[dict[str, float]] = []
         self.personal_init: ArrayRecord | None = None
         self.partition_of: dict[int, int] = {}  # node id -> partition id
+        self.extra_reply_keys: tuple[str, ...] = ()  # records a reply carries besides reply_key
         self._current: ArrayRecord = ArrayRecord()
         self._round_start = 0.0
 
@@ -231,6 +235,10 @@ class PersonalizedStrategy(Strategy):
 
     def pretraining(self, server_round: int) -> bool:
         return server_round <= self.pretrain_rounds
+
+    def record_server_metrics(self, server_round: int, metrics: Mapping[str, float]) -> None:
+        """Keep server-side evaluation metrics (Flower's ``evaluate_fn``) in the history."""
+        self._log(server_round).server.update(metrics)
 
     # --- sampling and messages -------------------------------------------------------------
     def learn_partitions(self, grid: Grid, timeout: float = 60.0) -> None:
@@ -298,9 +306,17 @@ class PersonalizedStrategy(Strategy):
         )
         if self.personal_init is not None:
             content[PERSONAL_INIT] = self.personal_init
+        if message_type == MessageType.TRAIN and not self.pretraining(server_round):
+            for key, record in self.extra_content(server_round).items():
+                content[key] = record
         return [
             Message(content=content, message_type=message_type, dst_node_id=n) for n in node_ids
         ]
+
+    def extra_content(self, server_round: int) -> dict[str, ArrayRecord]:
+        """Further ArrayRecords sent with each training message (e.g. Scaffold's control
+        variate); none by default."""
+        return {}
 
     def configure_train(self, server_round, arrays, config, grid) -> Iterable[Message]:
         self._round_start = time.perf_counter()
@@ -353,7 +369,9 @@ class PersonalizedStrategy(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> list[ClientUpdate]:
         """Keep well-formed replies; drop and count the others."""
-        reply_key = ARRAYS if self.pretraining(server_round) else self.reply_key
+        pretraining = self.pretraining(server_round)
+        reply_key = ARRAYS if pretraining else self.reply_key
+        keys = {reply_key, *(() if pretraining else self.extra_reply_keys)}
         expected = {k: (tuple(a.shape), a.dtype) for k, a in self._current.items()}
         updates = []
         for msg in replies:
@@ -365,26 +383,40 @@ class PersonalizedStrategy(Strategy):
                 self._drop(server_round, node, "num-examples is not positive")
                 continue
             records = msg.content.array_records
-            if set(records) != {reply_key}:
-                got_keys = sorted(records)
-                self._drop(server_round, node, f"expected record {reply_key!r}, got {got_keys}")
-                continue
-            record = records[reply_key]
-            got = {k: (tuple(a.shape), a.dtype) for k, a in record.items()}
-            if got != expected:
-                wrong = sorted(set(got.items()) ^ set(expected.items()))[:3]
+            if set(records) != keys:
                 self._drop(
-                    server_round,
-                    node,
-                    f"names/shapes/dtypes differ from the shared parameters: {wrong}",
+                    server_round, node, f"expected records {sorted(keys)}, got {sorted(records)}"
                 )
                 continue
-            tensors = {k: a.numpy() for k, a in record.items()}
-            if not all(np.isfinite(t).all() for t in tensors.values()):
-                self._drop(server_round, node, "non-finite values")
+            checked: dict[str, dict[str, np.ndarray]] = {}
+            for key in sorted(keys):  # the first bad record drops the reply, counted once
+                tensors = self._check_record(server_round, node, records[key], expected)
+                if tensors is None:
+                    break
+                checked[key] = tensors
+            if len(checked) != len(keys):
                 continue
-            updates.append(ClientUpdate(node, tensors, metrics))
+            tensors = checked.pop(reply_key)
+            updates.append(ClientUpdate(node, tensors, metrics, checked))
         return updates
+
+    def _check_record(self, server_round, node, record, expected) -> dict | None:
+        """The record's tensors, or None (and a drop) if its names, shapes, dtypes or
+        values are not those of finite shared parameters."""
+        got = {k: (tuple(a.shape), a.dtype) for k, a in record.items()}
+        if got != expected:
+            wrong = sorted(set(got.items()) ^ set(expected.items()))[:3]
+            self._drop(
+                server_round,
+                node,
+                f"names/shapes/dtypes differ from the shared parameters: {wrong}",
+            )
+            return None
+        tensors = {k: a.numpy() for k, a in record.items()}
+        if not all(np.isfinite(t).all() for t in tensors.values()):
+            self._drop(server_round, node, "non-finite values")
+            return None
+        return tensors
 
     # --- aggregation -----------------------------------------------------------------------
     @abstractmethod
@@ -544,6 +576,8 @@ class ClientJob:
     store: Store
     device: torch.device
     init_personal: dict[str, torch.Tensor]
+    #: the message's other ArrayRecords (e.g. Scaffold's ``control``), by key
+    received: dict[str, ArrayRecord] = field(default_factory=dict)
 
     @property
     def num_train(self) -> int:
@@ -579,6 +613,7 @@ class ClientJob:
         epochs: int | None = None,
         steps: int | None = None,
         loader: DataLoader | None = None,
+        correction: Sequence[torch.Tensor] | None = None,
     ) -> training.TrainResult:
         """The shared training primitive with this run's optimiser settings."""
         cfg = self.cfg
@@ -592,6 +627,7 @@ class ClientJob:
             momentum=cfg.momentum,
             weight_decay=cfg.weight_decay,
             max_grad_norm=cfg.max_grad_norm,
+            correction=correction,
             device=self.device,
         )
 
@@ -645,7 +681,9 @@ class ClientHalf:
 
     @abstractmethod
     def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
-        """Train on the job's data; return the reply record and metrics (with num-examples)."""
+        """Train on the job's data; return the reply record (sent as ``reply_key``) and
+        metrics (with num-examples). A half whose reply has more records returns them all
+        as a dict ``{key: ArrayRecord}`` instead of the record."""
 
     def new_client(self, job: ClientJob) -> None:
         """Set the personal part a brand-new client would start from (default: the init)."""

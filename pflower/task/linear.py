@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
+THETA = "theta.weight"  # the shared parameter's name in SyntheticLinear
+
 
 @dataclass(frozen=True)
 class LinearClient:
@@ -86,6 +88,41 @@ def optimum(clients: list[LinearClient]) -> np.ndarray:
 def operator(clients: list[LinearClient], theta: np.ndarray) -> np.ndarray:
     """F(theta) = mean_m F_m(theta)."""
     return np.mean([c.operator(theta) for c in clients], axis=0)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """F as an affine map, ``F(theta) = J theta - c`` (J, c: means over clients, scaled by
+    1/(2n)), its solution theta*, and the smoothness constants the paper's step sizes use:
+    ``L_F`` (of F: largest eigenvalue of J) and ``L_f`` (max over clients of the largest
+    eigenvalue of the Hessian of the mean loss in (theta, w))."""
+
+    J: np.ndarray
+    c: np.ndarray
+    theta_star: np.ndarray
+    L_F: float
+    L_f: float
+
+    @classmethod
+    def build(cls, clients: list[LinearClient]) -> Reference:
+        d = clients[0].H.shape[1]
+        J, c, L_f = np.zeros((d, d)), np.zeros(d), 0.0
+        for m in clients:
+            pa, py = m._projected()
+            J += (m.H.T @ m.H + pa.T @ pa) / (2 * m.n)
+            c += (m.H.T @ m.b + pa.T @ py) / (2 * m.n)
+            x, _ = m.rows()
+            L_f = max(L_f, float(np.linalg.eigvalsh(x.T @ x / (2 * m.n))[-1]))
+        J, c = J / len(clients), c / len(clients)
+        return cls(J, c, np.linalg.solve(J, c), float(np.linalg.eigvalsh(J)[-1]), L_f)
+
+    def metrics(self, theta: np.ndarray) -> dict[str, float]:
+        """``theta-error`` = ||theta - theta*||^2 and ``operator-norm`` = ||F(theta)||^2."""
+        theta = np.asarray(theta, dtype=np.float64).reshape(-1)
+        return {
+            "theta-error": float(np.sum((theta - self.theta_star) ** 2)),
+            "operator-norm": float(np.sum((self.J @ theta - self.c) ** 2)),
+        }
 
 
 class SyntheticLinear(nn.Module):

@@ -81,6 +81,7 @@ def sgd(
     momentum: float = 0.0,
     weight_decay: float = 0.0,
     max_grad_norm: float = 0.0,
+    correction: Sequence[torch.Tensor] | None = None,
     device: torch.device | str = "cpu",
 ) -> TrainResult:
     """Minibatch SGD of the model's loss (``loss_fn``) on ``params`` only.
@@ -90,7 +91,8 @@ def sgd(
     Runs ``steps`` minibatch steps when ``steps > 0`` (cycling over the loader), otherwise
     ``epochs`` passes. A fresh ``torch.optim.SGD`` each call: no optimizer state survives
     between calls (momentum 0 in the papers). ``max_grad_norm > 0`` clips the norm of the
-    gradient of ``params`` before each step.
+    gradient of ``params`` before each step. ``correction`` (one tensor per trainable
+    parameter, in order) is added to every minibatch gradient: Scaffold's ``c - c_i``.
     """
     groups = list(params) if params and isinstance(params[0], dict) else [{"params": params}]
     trainable = [p for g in groups for p in g["params"]]
@@ -107,6 +109,9 @@ def sgd(
             optimizer.zero_grad(set_to_none=True)
             loss = criterion(model(x), y)
             loss.backward()
+            if correction is not None:
+                for p, c in zip(trainable, correction):
+                    p.grad += c
             if max_grad_norm > 0:
                 nn.utils.clip_grad_norm_(trainable, max_grad_norm)
             optimizer.step()

@@ -1,0 +1,139 @@
+"""A Flower ``Grid`` that hands every message to a ClientApp in this process, one at a time.
+
+Flower's simulation engine (``flwr run .``, ``run_simulation``) is the way to run pflower. It
+spends a fixed ~0.1 s polling per ``send_and_receive`` and a Ray hop per message, which
+dominates problems whose clients compute for a millisecond: the thousands of rounds of
+Mishchenko et al.'s synthetic experiments. ``LocalGrid`` removes the transport and keeps
+everything else: the same strategy objects (``Strategy.start``), the same ``ClientApp``
+(called as Flower calls it, ``app(message, context)``), one ``Context`` per node that persists
+across rounds (``context.state`` is the node's store), message ids and ``reply_to``. A
+ClientApp that raises produces an error reply, as in Flower. ``tests/test_local_grid.py``
+checks that a run on it equals the same run on the simulation engine.
+
+Used by the benchmarks and tests; not a deployment path.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterable, Mapping
+from uuid import uuid4
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+
+class LocalGrid(Grid):
+    """``num_nodes`` nodes in this process, node i with ``partition-id = i``.
+
+    Parameters
+    ----------
+    client_app : ClientApp
+        The app every node runs.
+    num_nodes : int
+        Number of nodes (and partitions).
+    run_config : mapping (default: empty)
+        ``context.run_config`` of every node.
+    node_configs : mapping of int to mapping (default: none)
+        Extra node-config entries per partition id (e.g. ``state-dir``).
+    seed : int (default: 0)
+        Seed of the node ids (random, as on a SuperLink, so that nothing may rely on them).
+    """
+
+    def __init__(
+        self,
+        client_app: ClientApp,
+        num_nodes: int,
+        run_config: Mapping | None = None,
+        node_configs: Mapping[int, Mapping] | None = None,
+        seed: int = 0,
+        run_id: int = 1,
+    ) -> None:
+        if num_nodes < 1:
+            raise ValueError(f"num_nodes = {num_nodes}: must be >= 1")
+        self.app = client_app
+        self.run_id = run_id
+        ids = random.Random(seed).sample(range(1, 1 << 62), num_nodes)
+        self.contexts: dict[int, Context] = {
+            node: Context(
+                run_id=run_id,
+                node_id=node,
+                node_config={
+                    "partition-id": i,
+                    "num-partitions": num_nodes,
+                    **dict((node_configs or {}).get(i, {})),
+                },
+                state=RecordDict(),
+                run_config=dict(run_config or {}),
+            )
+            for i, node in enumerate(ids)
+        }
+        self._replies: dict[str, Message] = {}
+        self.client_seconds: dict[int, float] = {}  # compute time per node, summed
+        if TaskIdentity._run_id is None:  # messages need a task identity (the SuperLink's)
+            TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 1
+
+    # --- Grid API --------------------------------------------------------------------------
+    def set_run(self, run: Run) -> None:
+        self.run_id = run.run_id
+
+    @property
+    def run(self) -> Run:
+        return Run.create_empty(self.run_id)
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Run each message's ClientApp now; its reply waits for ``pull_messages``."""
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = msg_id = str(uuid4())
+            ids.append(msg_id)
+            self._replies[msg_id] = self._deliver(msg)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout=None) -> Iterable[Message]:
+        return self.pull_messages(self.push_messages(messages))
+
+    # --- delivery --------------------------------------------------------------------------
+    def _deliver(self, msg: Message) -> Message:
+        node = msg.metadata.dst_node_id
+        context = self.contexts.get(node)
+        if context is None:
+            return Message(Error(ErrorCode.NODE_UNAVAILABLE, f"no node {node}"), reply_to=msg)
+        start = time.perf_counter()
+        try:
+            reply = self.app(msg, context)
+        except Exception as err:  # Flower turns a raising ClientApp into an error reply
+            reply = Message(
+                Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(err).__name__}: {err}"),
+                reply_to=msg,
+            )
+        self.client_seconds[node] = self.client_seconds.get(node, 0.0) + (
+            time.perf_counter() - start
+        )
+        return reply
+
+
+def run_local(overrides: Mapping, num_nodes: int, client_app: ClientApp | None = None, **kwargs):
+    """Run the config ``overrides`` on a ``LocalGrid``: the ServerApp's ``run`` with the
+    ClientApp of ``pflower.client_app`` (or ``client_app``). Returns the ``RunReport``."""
+    from pflower.client_app import build_client_app
+    from pflower.config import Config
+    from pflower.server_app import run
+
+    cfg = Config.from_run_config(dict(overrides))
+    app = client_app or build_client_app(overrides)
+    return run(LocalGrid(app, num_nodes, seed=cfg.seed, **kwargs), cfg)

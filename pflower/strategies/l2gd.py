@@ -1,0 +1,163 @@
+"""L2GD: Hanzely & Richtárik, *Federated Learning of a Mixture of Global and Local Models*
+(2020). The fully personalized baseline of Mishchenko et al. §3.2 (lambda = 0.1, p = 1/tau).
+
+Every client m keeps a whole model x_m; the objective is
+``F(x) = (1/M) sum_m f_m(x_m) + lambda * (1/2M) sum_m ||x_m - x_bar||^2``. Each iteration
+flips a coin xi ~ Bernoulli(p) and takes a step of size alpha on F's unbiased estimate::
+
+    xi = 0 (local step, no communication):  x_m <- x_m - alpha / (M (1 - p)) * grad f_m(x_m)
+    xi = 1 (averaging step):                x_m <- x_m - alpha lambda / (M p) * (x_m - x_bar)
+
+with ``alpha <= 1 / (2 L_cal)``, ``L_cal = (1/M) max{L / (1 - p), lambda / p}`` (the L2GD
+paper's bound; FFGG §3.2 prints the ratio inverted, see ALGORITHMS.md).
+
+As Flower rounds: communication is needed only when an averaging step follows local steps
+(x_bar changes only through local steps). The server flips the coins and groups them: a round
+is a run of a >= 1 averaging steps followed by k >= 1 local steps (the first round may
+start with local steps, a = 0). The server sends x_bar, ``l2gd-mix`` = 1 - (1 - beta)^a with
+beta = alpha lambda / (M p) (a consecutive averaging steps move x_m that fraction of the way
+to x_bar, which they leave unchanged) and ``l2gd-steps`` = k; each client mixes, takes k
+steps at ``lr`` = alpha / (M (1 - p)) and returns x_m; the server's new x_bar is the
+unweighted mean. ``lr`` in the run config is alpha. The client keeps x_m in its store: it is
+its personalized model. (L2GD has no private part: x_m itself is what gets averaged.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from flwr.app import ArrayRecord
+
+from pflower.config import Config
+from pflower.strategies.base import (
+    ClientHalf,
+    ClientJob,
+    ClientUpdate,
+    PersonalizedStrategy,
+    train_metrics,
+    weighted_mean,
+)
+from pflower.task import split as splits
+from pflower.task import train as training
+from pflower.task.state import load_matching
+
+LOCAL_MODEL = "l2gd-model"  # store key of x_m
+
+
+class L2GD(PersonalizedStrategy):
+    """L2GD's server: flips the coins, sends x_bar with the round's steps, averages x_m.
+
+    Parameters (besides those of ``PersonalizedStrategy``; ``lr`` is alpha)
+    ----------
+    lam : float (default: 0.1)
+        lambda, the weight of the distance to the mean.
+    p : float (default: 0.1)
+        Probability of an averaging step; the expected number of local steps between two
+        communications is (1 - p) / p.
+    """
+
+    def __init__(self, *, lam: float = 0.1, p: float = 0.1, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if not 0 < p < 1:
+            raise ValueError(f"p = {p}: must be in (0, 1)")
+        if lam < 0:
+            raise ValueError(f"lam = {lam}: must be >= 0")
+        self.lam, self.p = lam, p
+        self.coins = np.random.default_rng([kwargs.get("seed", 0), 2020])
+        self.num_nodes = 0
+        self.iterations = 0
+        self._pending_average = False  # the coin that ended the last round's local steps
+        self._steps = (0, 0)
+
+    def draw_round(self) -> tuple[int, int]:
+        """Flip coins until the next averaging step after a local one: (a, k)."""
+        a, k = int(self._pending_average), 0
+        while True:
+            if self.coins.random() < self.p:
+                if k:
+                    self._pending_average = True
+                    return a, k
+                a += 1
+            else:
+                k += 1
+
+    def configure_train(self, server_round, arrays, config, grid):
+        self.num_nodes = len(list(grid.get_node_ids()))
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def train_config(self, server_round: int) -> dict:
+        settings = super().train_config(server_round)
+        if self.pretraining(server_round):
+            return settings
+        alpha, m = settings["lr"], self.num_nodes
+        beta = alpha * self.lam / (m * self.p)
+        if beta > 1:
+            raise ValueError(
+                f"key 'lr' = {alpha:g}: the L2GD averaging step alpha lambda / (M p) = "
+                f"{beta:.3g} > 1 (M = {m}, lambda = {self.lam}, p = {self.p:.3g}); "
+                f"use lr <= {m * self.p / self.lam:.3g}"
+            )
+        a, k = self._steps = self.draw_round()
+        self.iterations += a + k
+        settings.update(
+            {
+                "lr": alpha / (m * (1 - self.p)),
+                "l2gd-mix": 1.0 - (1.0 - beta) ** a,
+                "l2gd-steps": k,
+            }
+        )
+        return settings
+
+    def aggregate(
+        self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
+    ) -> dict[str, np.ndarray]:
+        return weighted_mean([u.tensors for u in updates], [1.0] * len(updates))
+
+    def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
+        a, k = self._steps
+        return {
+            **super().round_metrics(updates),
+            "l2gd-averaging-steps": a,
+            "l2gd-local-steps": k,
+            "l2gd-iterations": self.iterations,
+        }
+
+
+class L2GDClient(ClientHalf):
+    """Mixes its stored x_m toward the received x_bar, takes k local steps, stores x_m."""
+
+    def _local_model(self, job: ClientJob) -> dict | None:
+        names = [n for n, _ in job.model.named_parameters()]
+        return load_matching(job.store, LOCAL_MODEL, splits.get_tensors(job.model, names))
+
+    def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
+        x_bar = splits.get_tensors(job.model, job.split.shared)
+        stored = self._local_model(job)
+        if stored is not None:  # first visit: x_m = x_bar
+            mix = float(config["l2gd-mix"])
+            splits.set_tensors(
+                job.model, {n: (1 - mix) * stored[n] + mix * x_bar[n] for n in x_bar}
+            )
+        steps = int(config["l2gd-steps"])
+        params = job.shared_params()
+        result = (
+            job.sgd(params, lr=float(config["lr"]), steps=steps)
+            if steps
+            else training.TrainResult(loss=float("nan"), steps=0, examples=0)
+        )
+        names = [n for n, _ in job.model.named_parameters()]
+        job.store.save(LOCAL_MODEL, splits.get_tensors(job.model, names))
+        return job.shared_record(), train_metrics(job, result)
+
+    def new_client(self, job: ClientJob) -> None:
+        """A new client starts from the received average x_bar."""
+
+    def personalize(self, job: ClientJob, final: bool = False) -> None:
+        stored = self._local_model(job)
+        if stored is not None:
+            splits.set_tensors(job.model, stored)
+
+
+def l2gd_strategy(cfg: Config, **kwargs) -> L2GD:
+    return L2GD(lam=cfg.l2gd_lambda, p=cfg.effective_l2gd_p, **kwargs)

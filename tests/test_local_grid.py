@@ -1,0 +1,46 @@
+"""LocalGrid: Flower's Grid API over a ClientApp in this process."""
+
+from __future__ import annotations
+
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from pflower.local_grid import LocalGrid
+
+
+def counting_app() -> ClientApp:
+    app = ClientApp()
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        if context.node_config["partition-id"] == 1:
+            raise RuntimeError("broken node")
+        calls = context.state.config_records.get("calls", ConfigRecord({"n": 0}))
+        calls["n"] = int(calls["n"]) + 1
+        context.state.config_records["calls"] = calls
+        metrics = {"pid": context.node_config["partition-id"], "n": calls["n"]}
+        return Message(RecordDict({"m": MetricRecord(metrics)}), reply_to=msg)
+
+    return app
+
+
+def test_replies_errors_and_persistent_node_state(task_identity):
+    grid = LocalGrid(counting_app(), 3, node_configs={2: {"state-dir": "/x"}})
+    nodes = list(grid.get_node_ids())
+    assert len(set(nodes)) == 3 and sorted(nodes) != [0, 1, 2]  # random ids, as on a SuperLink
+    by_pid = {grid.contexts[n].node_config["partition-id"]: n for n in nodes}
+    assert grid.contexts[by_pid[2]].node_config["state-dir"] == "/x"
+    for expected in (1, 2):
+        messages = [
+            Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in nodes
+        ]
+        replies = {r.metadata.src_node_id: r for r in grid.send_and_receive(messages)}
+        assert set(replies) == set(nodes)
+        sent = {m.metadata.message_id for m in messages}
+        assert {r.metadata.reply_to_message_id for r in replies.values()} == sent
+        assert replies[by_pid[1]].has_error()
+        assert "broken node" in replies[by_pid[1]].error.reason
+        for pid in (0, 2):
+            reply = replies[by_pid[pid]]
+            assert reply.content["m"]["pid"] == pid and reply.content["m"]["n"] == expected
+    assert grid.pull_messages(["unknown"]) == []
