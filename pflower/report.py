@@ -103,22 +103,25 @@ def _column_order(key: str) -> tuple[int, str]:
 
 
 def _plot_rounds(report: RunReport, path: Path) -> None:
+    """Test accuracy per evaluated round (test loss for regression problems)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     evaluated = [r for r in report.rounds if r.evaluate]
+    metric = "accuracy" if any("personal-accuracy" in r.evaluate for r in evaluated) else "loss"
     for which, style in (("personal", "-o"), ("global", "--s")):
         points = [
-            (r.round, r.evaluate[f"{which}-accuracy"])
+            (r.round, r.evaluate[f"{which}-{metric}"])
             for r in evaluated
-            if f"{which}-accuracy" in r.evaluate
+            if f"{which}-{metric}" in r.evaluate
         ]
         if points:
             xs, ys = zip(*points)
             ax.plot(xs, ys, style, label=f"{which} (pooled)")
     ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy")
+    ax.set_ylabel(f"test {metric}")
     ax.set_title(f"{report.cfg.algorithm} on {report.cfg.dataset}")
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -126,15 +129,17 @@ def _plot_rounds(report: RunReport, path: Path) -> None:
 
 def _plot_clients(report: RunReport, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
+    metric = "accuracy" if any("personal-accuracy" in r for r in report.clients) else "loss"
     for which, style in (("personal", "-o"), ("global", "--s")):
-        acc = sorted(r[f"{which}-accuracy"] for r in report.clients if f"{which}-accuracy" in r)
-        if acc:
-            ax.plot(range(1, len(acc) + 1), acc, style, label=which)
-    ax.set_xlabel("client (sorted by accuracy)")
-    ax.set_ylabel("test accuracy")
-    ax.set_title("per-client accuracy, final round")
+        vals = sorted(r[f"{which}-{metric}"] for r in report.clients if f"{which}-{metric}" in r)
+        if vals:
+            ax.plot(range(1, len(vals) + 1), vals, style, label=which)
+    ax.set_xlabel(f"client (sorted by {metric})")
+    ax.set_ylabel(f"test {metric}")
+    ax.set_title(f"per-client {metric}, final round")
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -48,9 +48,15 @@ WIRE_CASES = [
 ]
 
 
+# what some algorithms need besides the shared arrays: run config, round config, records
+RUN_EXTRA = {"l2gd": {"fraction-train": 1.0, "local-steps": 5}}
+ROUND_EXTRA = {"l2gd": {"l2gd-mix": 0.5, "l2gd-steps": 2}}
+REPLY_EXTRA = {"scaffold": {"control-delta"}}
+
+
 @pytest.mark.parametrize("algorithm, split", WIRE_CASES)
 def test_client_replies_carry_no_personal_parameter(task_identity, algorithm, split):
-    overrides = {**SMALL, "algorithm": algorithm, "split": split}
+    overrides = {**SMALL, "algorithm": algorithm, "split": split, **RUN_EXTRA.get(algorithm, {})}
     model, wire, personal = _server_side(overrides)
     app = build_client_app(overrides)
     context = Context(
@@ -67,9 +73,12 @@ def test_client_replies_carry_no_personal_parameter(task_identity, algorithm, sp
         (2, MessageType.TRAIN),
         (2, MessageType.EVALUATE),
     ]:
-        content = RecordDict(
-            {"arrays": shared, "config": ConfigRecord({"server-round": server_round, "lr": 0.05})}
-        )
+        config = {"server-round": server_round, "lr": 0.05, **ROUND_EXTRA.get(algorithm, {})}
+        content = RecordDict({"arrays": shared, "config": ConfigRecord(config)})
+        if algorithm == "scaffold" and kind == MessageType.TRAIN:
+            content["control"] = ArrayRecord(
+                {k: Array(np.zeros_like(a.numpy())) for k, a in shared.items()}
+            )
         msg = Message(content=content, dst_node_id=7, message_type=kind)
         reply = app(msg, context)
         assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
@@ -77,7 +86,8 @@ def test_client_replies_carry_no_personal_parameter(task_identity, algorithm, sp
         assert not names & private, f"{algorithm}: {sorted(names & private)} left the client"
         if kind == MessageType.TRAIN:
             half = ALGORITHMS[algorithm].client
-            assert set(reply.content.array_records) == {half.reply_key}
+            expected = {half.reply_key, *REPLY_EXTRA.get(algorithm, ())}
+            assert set(reply.content.array_records) == expected
             assert list(reply.content[half.reply_key].keys()) == list(wire.shared)
         else:
             assert not reply.content.array_records  # evaluation sends metrics only

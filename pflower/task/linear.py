@@ -133,12 +133,14 @@ class SyntheticLinear(nn.Module):
     def __init__(self, d_theta: int, d_w: int) -> None:
         super().__init__()
         self.d_theta = d_theta
-        self.theta = nn.Linear(d_theta, 1, bias=False)
-        self.w = nn.Linear(d_w, 1, bias=False)
+        # float64: the experiments converge to ~1e-20, far below float32's resolution
+        self.theta = nn.Linear(d_theta, 1, bias=False, dtype=torch.float64)
+        self.w = nn.Linear(d_w, 1, bias=False, dtype=torch.float64)
         nn.init.zeros_(self.theta.weight)
         nn.init.zeros_(self.w.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(torch.float64)
         return (self.theta(x[:, : self.d_theta]) + self.w(x[:, self.d_theta :])).squeeze(-1)
 
     @staticmethod

@@ -181,6 +181,8 @@ def gradient_descent(
 ) -> int:
     """``steps`` full-batch gradient-descent steps on ``params``; returns examples seen."""
     n = 0
+    if len(loader) == 1:  # the whole set is one batch: load it once, not once per step
+        loader = _OneBatch(next(iter(loader)), loader.dataset)
     for _ in range(steps):
         grads = full_gradient(model, params, loader, device)
         with torch.no_grad():
@@ -188,6 +190,14 @@ def gradient_descent(
                 p -= lr * g
         n += len(loader.dataset)
     return n
+
+
+class _OneBatch(list):
+    """A loaded single batch standing in for its loader (``len``, iteration, ``dataset``)."""
+
+    def __init__(self, batch, dataset) -> None:
+        super().__init__([batch])
+        self.dataset = dataset
 
 
 def conjugate_gradient(
@@ -220,11 +230,16 @@ def conjugate_gradient(
         r = -flat_g.detach()
         d, x = r.clone(), torch.zeros_like(r)
         rs = r @ r
+        # converged (relative residual at the dtype's resolution): more steps would divide 0/0
+        floor = max(tol, float(rs) * torch.finfo(r.dtype).eps ** 2)
         for _ in range(steps):
-            if rs <= tol:
+            if rs <= floor:
                 break
             hd = hvp(d)
-            alpha = rs / (d @ hd)
+            curvature = d @ hd
+            if curvature <= 0:  # not positive definite along d: stop where we are
+                break
+            alpha = rs / curvature
             x += alpha * d
             r -= alpha * hd
             rs_new = r @ r
