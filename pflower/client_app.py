@@ -98,9 +98,18 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
-        """Answers the strategy's start-up question: which partition is this node?"""
+        """Answers the strategy's start-up question: which partition is this node (and how
+        many training examples does it hold)?"""
         pid = context.node_config.get("partition-id")
-        metrics = MetricRecord({"partition-id": int(pid)} if pid is not None else {})
+        answer = {"partition-id": int(pid)} if pid is not None else {}
+        asked = (
+            str(msg.content[CONFIG].get("query", "")).split(",") if CONFIG in msg.content else []
+        )
+        if "num-train" in asked:
+            cfg = parse_config(frozenset({**context.run_config, **(overrides or {})}.items()))
+            train, _ = load_client_data(cfg, int(pid), int(context.node_config["num-partitions"]))
+            answer["num-train"] = len(train.dataset)
+        metrics = MetricRecord(answer)
         return Message(content=RecordDict({METRICS: metrics}), reply_to=msg)
 
     @app.evaluate()

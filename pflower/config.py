@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 #: ``ffgg`` / ``local-ffgg``: Mishchenko et al., FFGG (Alg. 1) and Local FFGG (Alg. 4).
 #: ``local-gd``: FedAvg with full-batch gradient steps (FFGG's §3.2 baseline).
 #: ``scaffold``: Karimireddy et al. 2020; ``l2gd``: Hanzely & Richtárik 2020 (FFGG's §3.2
-#: baselines).
+#: baselines). ``pflego``: Nikoloutsopoulos et al., PFLEGO.
 ALGORITHMS = (
     "fedavg",
     "fedavg-ft",
@@ -36,6 +36,7 @@ ALGORITHMS = (
     "local-gd",
     "scaffold",
     "l2gd",
+    "pflego",
 )
 SCAFFOLD_CONTROLS = ("local-steps", "full-gradient")
 FFGG_INITS = ("random", "zeros", "received", "stored")
@@ -43,6 +44,9 @@ FFGG_SOLVERS = ("sgd", "gd", "cg")
 FFGG_WEIGHTINGS = ("uniform", "num-examples")
 HEAD_ALIASES = {"fedrep": "fedalt", "fedper": "fedsim"}
 SERVER_OPTIMIZERS = ("sgd", "adam")
+#: ``auto``: Adam for PFLEGO (its experiments), SGD for every other algorithm.
+SERVER_OPTIMIZER_CHOICES = ("auto", *SERVER_OPTIMIZERS)
+PFLEGO_ALPHAS = ("global", "sampled")
 LR_SCHEDULES = ("constant", "linear", "exponential")
 MODELS = (
     "logreg",
@@ -130,7 +134,7 @@ class Config(BaseModel):
     finetune_lr: float = Field(0.0, alias="finetune-lr", ge=0)
 
     # --- server optimizer and client-lr schedule (all algorithms that aggregate) ----------
-    server_optimizer: str = Field("sgd", alias="server-optimizer")
+    server_optimizer: str = Field("auto", alias="server-optimizer")
     server_lr: float = Field(1.0, alias="server-lr", gt=0)
     server_beta1: float = Field(0.9, alias="server-beta1", ge=0, lt=1)
     server_beta2: float = Field(0.999, alias="server-beta2", ge=0, lt=1)
@@ -157,6 +161,10 @@ class Config(BaseModel):
     l2gd_lambda: float = Field(0.1, alias="l2gd-lambda", ge=0)
     l2gd_p: float = Field(0.0, alias="l2gd-p", ge=0, lt=1)
 
+    # --- PFLEGO ----------------------------------------------------------------------------
+    pflego_alpha: str = Field("global", alias="pflego-alpha")
+    pflego_head_alpha: bool = Field(False, alias="pflego-head-alpha")
+
     # --- run -------------------------------------------------------------------------------
     seed: int = 0
     device: str = "auto"
@@ -170,7 +178,8 @@ class Config(BaseModel):
         _one_of("partitioner", self.partitioner, PARTITIONERS)
         _one_of("class-assignment", self.class_assignment, CLASS_ASSIGNMENTS)
         _one_of("device", self.device, DEVICES)
-        _one_of("server-optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
+        _one_of("server-optimizer", self.server_optimizer, SERVER_OPTIMIZER_CHOICES)
+        _one_of("pflego-alpha", self.pflego_alpha, PFLEGO_ALPHAS)
         _one_of("lr-schedule", self.lr_schedule, LR_SCHEDULES)
         _one_of("ffgg-init", self.ffgg_init, FFGG_INITS)
         _one_of("ffgg-solver", self.ffgg_solver, FFGG_SOLVERS)
@@ -256,6 +265,12 @@ class Config(BaseModel):
     @property
     def effective_pretrain_lr(self) -> float:
         return self.pretrain_lr or self.lr
+
+    @property
+    def effective_server_optimizer(self) -> str:
+        if self.server_optimizer != "auto":
+            return self.server_optimizer
+        return "adam" if self.algorithm == "pflego" else "sgd"
 
     @property
     def effective_l2gd_p(self) -> float:

@@ -44,13 +44,13 @@ WIRE_CASES = [
     (algorithm, split)
     for algorithm in sorted(ALGORITHMS)
     for split in ("head", "input")
-    if not (algorithm in HEAD_ALIASES and split != "head")
+    if not ((algorithm in HEAD_ALIASES or algorithm == "pflego") and split != "head")
 ]
 
 
 # what some algorithms need besides the shared arrays: run config, round config, records
 RUN_EXTRA = {"l2gd": {"fraction-train": 1.0, "local-steps": 5}}
-ROUND_EXTRA = {"l2gd": {"l2gd-mix": 0.5, "l2gd-steps": 2}}
+ROUND_EXTRA = {"l2gd": {"l2gd-mix": 0.5, "l2gd-steps": 2}, "pflego": {"pflego-head-lr": 0.1}}
 REPLY_EXTRA = {"scaffold": {"control-delta"}}
 
 

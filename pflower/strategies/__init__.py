@@ -47,6 +47,7 @@ from pflower.strategies.ffgg import (
     local_ffgg_strategy,
 )
 from pflower.strategies.l2gd import L2GD, L2GDClient, l2gd_strategy
+from pflower.strategies.pflego import PFLEGO, PFLEGOClient, pflego_strategy
 from pflower.strategies.scaffold import Scaffold, ScaffoldClient, scaffold_strategy
 from pflower.task.data import dataset_info
 from pflower.task.linear import SyntheticLinear
@@ -85,6 +86,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "scaffold": Algorithm(scaffold_strategy, ScaffoldClient(), "none", "none"),
     # L2GD averages whole local models: all of x_m crosses the wire and all of it is personal
     "l2gd": Algorithm(l2gd_strategy, L2GDClient(), "none", "full"),
+    "pflego": Algorithm(pflego_strategy, PFLEGOClient()),
 }
 
 
@@ -157,6 +159,8 @@ __all__ = [
     "LocalGDClient",
     "FedSim",
     "FedSimClient",
+    "PFLEGO",
+    "PFLEGOClient",
     "PersonalizedStrategy",
     "Scaffold",
     "ScaffoldClient",

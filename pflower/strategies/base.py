@@ -193,6 +193,8 @@ class PersonalizedStrategy(Strategy):
         self.final_clients: list[dict[str, float]] = []
         self.personal_init: ArrayRecord | None = None
         self.partition_of: dict[int, int] = {}  # node id -> partition id
+        self.num_train_of: dict[int, int] = {}  # node id -> training examples (if queried)
+        self.query_num_train = False  # ask every node for its num-train at start-up too
         self.extra_reply_keys: tuple[str, ...] = ()  # records a reply carries besides reply_key
         self._current: ArrayRecord = ArrayRecord()
         self._round_start = 0.0
@@ -242,14 +244,16 @@ class PersonalizedStrategy(Strategy):
 
     # --- sampling and messages -------------------------------------------------------------
     def learn_partitions(self, grid: Grid, timeout: float = 60.0) -> None:
-        """Ask every node for its ``partition-id`` (a ``query`` message), once.
+        """Ask every node for its ``partition-id`` (a ``query`` message), once; with
+        ``query_num_train`` also for its number of training examples (PFLEGO's alpha).
 
         Node ids are random in each run; ordering nodes by partition id makes the seeded
         sample the same clients in every run. A node that does not answer is ordered after
         the others by its node id.
         """
         nodes = sorted(grid.get_node_ids())
-        content = RecordDict({CONFIG: ConfigRecord({"query": "partition-id"})})
+        question = "partition-id,num-train" if self.query_num_train else "partition-id"
+        content = RecordDict({CONFIG: ConfigRecord({"query": question})})
         messages = [
             Message(content=content, message_type=MessageType.QUERY, dst_node_id=n) for n in nodes
         ]
@@ -259,6 +263,9 @@ class PersonalizedStrategy(Strategy):
             pid = reply.content[METRICS].get("partition-id")
             if isinstance(pid, (int, float)):
                 self.partition_of[reply.metadata.src_node_id] = int(pid)
+            size = reply.content[METRICS].get("num-train")
+            if isinstance(size, (int, float)) and size > 0:
+                self.num_train_of[reply.metadata.src_node_id] = int(size)
 
     def _ordered(self, nodes: Iterable[int]) -> list[int]:
         unknown = 1 << 62
@@ -493,7 +500,7 @@ def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> d
         "lr_warmup_fraction": cfg.lr_warmup_fraction,
         "lr_halve_every": cfg.lr_halve_every,
         "server_optimizer": ServerOptimizer(
-            cfg.server_optimizer,
+            cfg.effective_server_optimizer,
             cfg.server_lr,
             (cfg.server_beta1, cfg.server_beta2),
             cfg.server_eps,

@@ -1,0 +1,226 @@
+"""PFLEGO: Nikoloutsopoulos, Koutsopoulos, Titsias, *Personalized Federated Learning with
+Exact Stochastic Gradient Descent*.
+
+Model: shared body phi(x; theta) in R^M, per-client linear head W_i (with bias) that never
+leaves the client. Objective ``L(psi) = sum_i alpha_i l_i(W_i, theta)``, alpha_i =
+N_i / sum_j N_j, l_i the mean cross-entropy over client i's whole local set::
+
+    server: for t: sample I_t (|I_t| = r of I clients); send theta_{t-1}; receive g_i
+            theta_t = theta_{t-1} - rho * (I / r_t) * sum_{i in I_t} alpha_i g_i      (4)
+    client i (theta frozen; full batch):
+        first visit: W_i ~ U[0, 1), seeded by the client             (the authors' code)
+        Phi = [phi(X_i; theta), 1]                       # ONCE, under no_grad
+        repeat tau - 1: W_i <- W_i - beta grad_W l_i(W_i, theta)     # on Phi, closed form
+        one forward/backward at (W_i, theta): g_W, g_theta
+        W_i <- W_i - rho (I / r) g_W                                  (3)
+        send g_theta                                     # computed BEFORE the (3) step
+
+With r = I and the SGD server this is exactly one gradient-descent step on L (Prop. 1).
+The closed-form head gradient on cached features is ``(softmax(Phi W^T) - Y)^T Phi / N``,
+so the tau - 1 head steps cost no pass through the body: a round is 2 forward and 1
+backward passes whatever tau (FedAvg / FedPer: tau forward and backward passes).
+
+Settings: tau = ``local-steps``, beta = ``personal-lr`` (default ``lr``), rho = ``server-lr``
+with ``server-optimizer`` Adam (``auto``'s choice for PFLEGO, one state for the whole run) or
+SGD; ``pflego-alpha``: ``global`` (eq. 4; the server learns every N_j at start-up with a
+query) or ``sampled`` (the authors' code: alpha normalised over the round's replies, no
+I / r_t factor). ``pflego-head-alpha`` multiplies the head step (3) by alpha_i as eq. (5)
+prints (default off: Alg. 1 and the code). r_t is the number of usable replies (realised);
+the head step uses the number of sampled clients (the client cannot know r_t). A round
+with no usable reply leaves theta unchanged. Local sets are processed in minibatch-size
+chunks, so memory stays bounded.
+
+Evaluation: the personalized model is the client's stored head on the current body; the
+"global" model is what a brand-new client gets: a fresh head trained for tau - 1 head steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord
+from torch import nn
+from torch.nn import functional as F
+
+from pflower.config import Config
+from pflower.strategies.base import (
+    GRADIENT,
+    NUM_EXAMPLES,
+    ClientHalf,
+    ClientJob,
+    ClientUpdate,
+    PersonalizedStrategy,
+    weighted_mean,
+)
+from pflower.task import train as training
+
+ALPHA_MODES = ("global", "sampled")
+
+
+def head_module(model: nn.Module, personal: tuple[str, ...]) -> tuple[str, nn.Linear]:
+    """The model's last ``nn.Linear``, if its weight and bias are exactly the personal part;
+    an error otherwise."""
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if linears:
+        name, module = linears[-1]
+        own = {f"{name}.{n}" for n, _ in module.named_parameters(recurse=False)}
+        if module.bias is not None and own == set(personal):
+            return name, module
+    raise ValueError(
+        f"key 'split': PFLEGO personalizes exactly the last linear layer (weight and bias); "
+        f"this split's personal part is {list(personal)}: use split 'head'"
+    )
+
+
+def head_gradient(
+    phi: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Closed-form gradient of the mean cross-entropy of ``phi @ W^T + b`` in (W, b)."""
+    p = torch.softmax(phi @ weight.T + bias, dim=1)
+    p[torch.arange(len(y)), y] -= 1.0  # softmax - one-hot
+    p /= len(y)
+    return p.T @ phi, p.sum(0)
+
+
+@torch.no_grad()
+def features(
+    model: nn.Module, head: nn.Linear, loader, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """phi(X; theta) of the whole local set (the head's inputs), chunk by chunk, no grad."""
+    captured: list[torch.Tensor] = []
+    hook = head.register_forward_hook(lambda m, inp, out: captured.append(inp[0].detach()))
+    ys = []
+    model.eval()
+    try:
+        for x, y in loader:
+            model(x.to(device))
+            ys.append(y.to(device))
+    finally:
+        hook.remove()
+    return torch.cat(captured), torch.cat(ys).long()
+
+
+class PFLEGO(PersonalizedStrategy):
+    """PFLEGO's server: ``theta <- ServerOpt(theta, (I / r_t) sum_i alpha_i g_i)``.
+
+    Takes ``alpha`` (``global`` or ``sampled``) and the parameters of
+    ``PersonalizedStrategy``; the server optimizer (Adam in the paper's experiments)
+    receives the combined gradient, never averaged weights. Replies carry ``gradient``.
+    """
+
+    def __init__(self, *, alpha: str = "global", **kwargs) -> None:
+        super().__init__(reply_key=GRADIENT, **kwargs)
+        if alpha not in ALPHA_MODES:
+            raise ValueError(f"alpha = {alpha!r}: must be one of {ALPHA_MODES}")
+        self.alpha = alpha
+        self.query_num_train = alpha == "global"
+        self.num_nodes = 0
+        self.num_sampled = 0
+
+    def configure_train(self, server_round, arrays, config, grid):
+        self.num_nodes = len(list(grid.get_node_ids()))
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        self.num_sampled = len(messages)
+        return messages
+
+    def train_config(self, server_round: int) -> dict:
+        settings = super().train_config(server_round)
+        # rho (I / r) of the head step (3): the server lr and the planned sample size
+        r = max(1, round(self.fraction_train * self.num_nodes))
+        settings["pflego-head-lr"] = self.server_optimizer.lr * self.num_nodes / r
+        if self.num_train_total:
+            settings["pflego-total-examples"] = self.num_train_total
+        return settings
+
+    @property
+    def num_train_total(self) -> float:
+        return float(sum(self.num_train_of.values()))
+
+    def aggregate(
+        self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
+    ) -> dict[str, np.ndarray]:
+        sizes = [u.num_examples for u in updates]
+        if self.alpha == "sampled":
+            gradient = weighted_mean([u.tensors for u in updates], sizes)
+        else:
+            total = self.num_train_total or float(sum(sizes))
+            scale = self.num_nodes / len(updates)  # I / r_t, realised
+            gradient = {
+                k: scale
+                * sum(n / total * u.tensors[k].astype(np.float64) for n, u in zip(sizes, updates))
+                for k in current
+            }
+        return self.server_optimizer.step(current, gradient)
+
+
+class PFLEGOClient(ClientHalf):
+    """Head-only GD on cached features, then one exact gradient of (theta, W_i)."""
+
+    reply_key = GRADIENT
+
+    def _head(self, job: ClientJob) -> nn.Linear:
+        return head_module(job.model, job.split.personal)[1]
+
+    def init_head(self, job: ClientJob) -> None:
+        """U[0, 1) as in the authors' code, seeded by (seed, client)."""
+        head = self._head(job)
+        g = torch.Generator().manual_seed(job.cfg.seed * 1_000_003 + job.partition_id)
+        with torch.no_grad():
+            for p in (head.weight, head.bias):
+                p.copy_(torch.rand(p.shape, generator=g, dtype=p.dtype))
+
+    def restore_head(self, job: ClientJob) -> None:
+        if not job.restore_personal():
+            self.init_head(job)
+
+    def head_steps(self, job: ClientJob, steps: int) -> torch.Tensor:
+        """``steps`` closed-form GD steps of the head on phi(X; theta), computed once."""
+        head = self._head(job)
+        if steps <= 0:
+            return torch.tensor(float("nan"))
+        phi, y = features(job.model, head, job.train_loader, job.device)
+        beta = job.cfg.effective_personal_lr
+        with torch.no_grad():
+            for _ in range(steps):
+                g_w, g_b = head_gradient(phi, y, head.weight, head.bias)
+                head.weight -= beta * g_w
+                head.bias -= beta * g_b
+            return F.cross_entropy(phi @ head.weight.T + head.bias, y)
+
+    def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
+        tau = job.cfg.local_steps or 1
+        self.restore_head(job)
+        loss = self.head_steps(job, tau - 1)
+        head = self._head(job)
+        shared = job.shared_params()
+        grads = training.full_gradient(
+            job.model, [*shared, head.weight, head.bias], job.train_loader, job.device
+        )
+        g_theta, (g_w, g_b) = grads[: len(shared)], grads[len(shared) :]
+        rate = float(config["pflego-head-lr"])
+        if job.cfg.pflego_head_alpha:
+            rate *= job.num_train / float(config.get("pflego-total-examples", job.num_train))
+        with torch.no_grad():  # (3), after the gradient was taken
+            head.weight -= rate * g_w
+            head.bias -= rate * g_b
+        job.save_personal()
+        record = ArrayRecord({n: g.cpu() for n, g in zip(job.split.shared, g_theta)})
+        return record, {NUM_EXAMPLES: job.num_train, "head-loss": float(loss)}
+
+    def new_client(self, job: ClientJob) -> None:
+        """A brand-new client: a fresh head, tau - 1 head steps on the current body."""
+        self.init_head(job)
+        self.head_steps(job, (job.cfg.local_steps or 1) - 1)
+
+    def personalize(self, job: ClientJob, final: bool = False) -> None:
+        self.restore_head(job)
+
+
+def pflego_strategy(cfg: Config, **kwargs) -> PFLEGO:
+    from pflower.strategies import build_run_model, wire_split
+
+    model = build_run_model(cfg)
+    head_module(model, wire_split(model, cfg).personal)  # refuse other splits at start
+    return PFLEGO(alpha=cfg.pflego_alpha, **kwargs)

@@ -1,0 +1,143 @@
+"""PFLEGO: the closed-form head gradient, the order of gradient and head step, and one round
+with r = I and the SGD server = one gradient-descent step on L(psi) computed centrally."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord
+from helpers import job_for
+from torch.nn import functional as F
+
+from pflower.client_app import build_client_app, load_client_data
+from pflower.config import Config
+from pflower.local_grid import LocalGrid
+from pflower.strategies import PFLEGOClient, build_run_model, make_strategy, wire_split
+from pflower.strategies.pflego import head_gradient, head_module
+from pflower.task.split import get_tensors, make_split
+
+PFLEGO = {"algorithm": "pflego", "model": "pflego-mlp", "local-steps": 4, "personal-lr": 0.3}
+
+
+def test_closed_form_head_gradient_equals_autograd():
+    g = torch.Generator().manual_seed(0)
+    phi, y = torch.randn(50, 7, generator=g), torch.randint(0, 5, (50,), generator=g)
+    weight = torch.randn(5, 7, generator=g, requires_grad=True)
+    bias = torch.randn(5, generator=g, requires_grad=True)
+    F.cross_entropy(phi @ weight.T + bias, y).backward()
+    g_w, g_b = head_gradient(phi, y, weight.detach(), bias.detach())
+    torch.testing.assert_close(g_w, weight.grad)
+    torch.testing.assert_close(g_b, bias.grad)
+
+
+def test_other_splits_are_refused_with_the_key():
+    model = build_run_model(Config.from_run_config({**PFLEGO, "dataset": "digits"}))
+    with pytest.raises(ValueError, match="key 'split'"):
+        head_module(model, make_split(model, "input").personal)
+
+
+def _loss_grad_all(job, names):
+    """Mean cross-entropy over the whole local set and its gradient in ``names`` (autograd)."""
+    params = dict(job.model.named_parameters())
+    for p in params.values():
+        p.grad = None
+    data = job.train_loader.dataset.tensors
+    F.cross_entropy(job.model(data[0]), data[1].long()).backward()
+    return {n: params[n].grad.clone() for n in names}
+
+
+def test_gradient_is_taken_before_the_head_step():
+    """g_theta is the body gradient at the head after the tau - 1 head steps, not after (3)."""
+    job = job_for(PFLEGO)
+    half = PFLEGOClient()
+    half.init_head(job)
+    half.head_steps(job, 3)
+    expected = _loss_grad_all(job, job.split.shared)
+    half.init_head(job)  # train() starts from the same (first-visit) head
+    record, _ = half.train(job, {"pflego-head-lr": 0.5, "lr": 0.1})
+    for name in job.split.shared:
+        torch.testing.assert_close(
+            torch.from_numpy(record[name].numpy()), expected[name], rtol=1e-4, atol=1e-6
+        )
+
+
+def test_round_with_every_client_and_sgd_is_one_gd_step_on_L():
+    """r = I, SGD server, tau = 1: theta and every head move by -rho * grad L(psi), with
+    L = sum_i alpha_i l_i, computed here centrally from all clients' data."""
+    rho, num = 0.5, 4
+    overrides = {
+        **job_for_config(),
+        "local-steps": 1,
+        "server-optimizer": "sgd",
+        "server-lr": rho,
+        "fraction-train": 1.0,
+        "num-server-rounds": 1,
+        "evaluate-every": 100,
+    }
+    cfg = Config.from_run_config(overrides)
+    model = build_run_model(cfg)
+    split = wire_split(model, cfg)
+    strategy = make_strategy(cfg, split.shared)
+    grid = LocalGrid(build_client_app(overrides), num)
+    start = get_tensors(model, split.shared)
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(start), num_rounds=1)
+
+    # central computation: the same heads (first visit), the full objective, autograd
+    sizes, heads, grads = [], [], []
+    for pid in range(num):
+        job = job_for(overrides, partition_id=pid)
+        job.set_shared(ArrayRecord(start))
+        PFLEGOClient().init_head(job)
+        heads.append(get_tensors(job.model, split.personal))
+        sizes.append(job.num_train)
+        grads.append(_loss_grad_all(job, [*split.shared, *split.personal]))
+    alpha = np.asarray(sizes) / sum(sizes)
+    for name in split.shared:
+        g_theta = sum(a * g[name] for a, g in zip(alpha, grads))
+        expected = start[name] - rho * g_theta
+        torch.testing.assert_close(
+            torch.from_numpy(result.arrays[name].numpy()), expected, rtol=1e-4, atol=1e-6
+        )
+    # the heads: dL/dW_i = alpha_i g_W; eq. (3) as in Alg. 1 takes rho (I / r) g_W = rho g_W
+    # here (I = r), i.e. the step on L scaled by 1 / alpha_i (the paper's choice, flag off)
+    by_pid = {c.node_config["partition-id"]: c for c in grid.contexts.values()}
+    for pid in range(num):
+        stored = by_pid[pid].state.array_records["pflower.personal"]
+        for name in split.personal:
+            expected = heads[pid][name] - rho * grads[pid][name]
+            torch.testing.assert_close(
+                torch.from_numpy(stored[name].numpy()), expected, rtol=1e-4, atol=1e-6
+            )
+
+
+def job_for_config():
+    from helpers import BASE
+
+    return {**BASE, **PFLEGO}
+
+
+def test_a_round_without_replies_keeps_theta(task_identity):
+    from pflower.strategies import PFLEGO as Strategy
+
+    strategy = Strategy(lr=0.1)
+    current = {"w": np.ones(3, dtype=np.float32)}
+    strategy._current = ArrayRecord({"w": torch.ones(3)})
+    strategy.num_rounds = 1
+    arrays, metrics = strategy.aggregate_train(1, [])
+    assert metrics["applied"] == 0
+    np.testing.assert_array_equal(arrays["w"].numpy(), current["w"])
+
+
+def test_server_learns_every_clients_size_for_global_alpha():
+    overrides = {**job_for_config(), "fraction-train": 0.5, "num-server-rounds": 1}
+    cfg = Config.from_run_config(overrides)
+    model = build_run_model(cfg)
+    split = wire_split(model, cfg)
+    strategy = make_strategy(cfg, split.shared)
+    grid = LocalGrid(build_client_app(overrides), 4)
+    strategy.start(
+        grid=grid, initial_arrays=ArrayRecord(get_tensors(model, split.shared)), num_rounds=1
+    )
+    sizes = sorted(len(load_client_data(cfg, pid, 4)[0].dataset) for pid in range(4))
+    assert sorted(strategy.num_train_of.values()) == sizes
