@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 #: ``ffgg`` / ``local-ffgg``: Mishchenko et al., FFGG (Alg. 1) and Local FFGG (Alg. 4).
 #: ``local-gd``: FedAvg with full-batch gradient steps (FFGG's §3.2 baseline).
 #: ``scaffold``: Karimireddy et al. 2020; ``l2gd``: Hanzely & Richtárik 2020 (FFGG's §3.2
-#: baselines). ``pflego``: Nikoloutsopoulos et al., PFLEGO.
+#: baselines). ``pflego``: Nikoloutsopoulos et al., PFLEGO. ``apfl``: Deng et al., APFL.
 ALGORITHMS = (
     "fedavg",
     "fedavg-ft",
@@ -37,7 +37,9 @@ ALGORITHMS = (
     "scaffold",
     "l2gd",
     "pflego",
+    "apfl",
 )
+APFL_MIXINGS = ("parameters", "outputs")
 SCAFFOLD_CONTROLS = ("local-steps", "full-gradient")
 FFGG_INITS = ("random", "zeros", "received", "stored")
 FFGG_SOLVERS = ("sgd", "gd", "cg")
@@ -165,6 +167,13 @@ class Config(BaseModel):
     pflego_alpha: str = Field("global", alias="pflego-alpha")
     pflego_head_alpha: bool = Field(False, alias="pflego-head-alpha")
 
+    # --- APFL ------------------------------------------------------------------------------
+    apfl_alpha: float = Field(0.01, alias="apfl-alpha", ge=0, le=1)
+    apfl_adaptive: bool = Field(True, alias="apfl-adaptive")
+    apfl_mixing: str = Field("parameters", alias="apfl-mixing")
+    apfl_lr_decay: float = Field(0.99, alias="apfl-lr-decay", gt=0, le=1)
+    apfl_weighting: str = Field("uniform", alias="apfl-weighting")
+
     # --- run -------------------------------------------------------------------------------
     seed: int = 0
     device: str = "auto"
@@ -180,6 +189,8 @@ class Config(BaseModel):
         _one_of("device", self.device, DEVICES)
         _one_of("server-optimizer", self.server_optimizer, SERVER_OPTIMIZER_CHOICES)
         _one_of("pflego-alpha", self.pflego_alpha, PFLEGO_ALPHAS)
+        _one_of("apfl-mixing", self.apfl_mixing, APFL_MIXINGS)
+        _one_of("apfl-weighting", self.apfl_weighting, FFGG_WEIGHTINGS)
         _one_of("lr-schedule", self.lr_schedule, LR_SCHEDULES)
         _one_of("ffgg-init", self.ffgg_init, FFGG_INITS)
         _one_of("ffgg-solver", self.ffgg_solver, FFGG_SOLVERS)

@@ -50,7 +50,11 @@ WIRE_CASES = [
 
 # what some algorithms need besides the shared arrays: run config, round config, records
 RUN_EXTRA = {"l2gd": {"fraction-train": 1.0, "local-steps": 5}}
-ROUND_EXTRA = {"l2gd": {"l2gd-mix": 0.5, "l2gd-steps": 2}, "pflego": {"pflego-head-lr": 0.1}}
+ROUND_EXTRA = {
+    "l2gd": {"l2gd-mix": 0.5, "l2gd-steps": 2},
+    "pflego": {"pflego-head-lr": 0.1},
+    "apfl": {"apfl-round": 1},
+}
 REPLY_EXTRA = {"scaffold": {"control-delta"}}
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from pflower.config import Config
+from pflower.strategies.apfl import APFL, APFLClient, apfl_strategy
 from pflower.strategies.base import (
     ClientHalf,
     ClientJob,
@@ -87,6 +88,8 @@ ALGORITHMS: dict[str, Algorithm] = {
     # L2GD averages whole local models: all of x_m crosses the wire and all of it is personal
     "l2gd": Algorithm(l2gd_strategy, L2GDClient(), "none", "full"),
     "pflego": Algorithm(pflego_strategy, PFLEGOClient()),
+    # APFL sends the whole global copy w; v and alpha (a whole model) stay on the client
+    "apfl": Algorithm(apfl_strategy, APFLClient(), "none", "full"),
 }
 
 
@@ -138,6 +141,8 @@ def personal_split(model: nn.Module, cfg: Config) -> Split:
 
 __all__ = [
     "ALGORITHMS",
+    "APFL",
+    "APFLClient",
     "Algorithm",
     "build_run_model",
     "ClientHalf",

@@ -538,7 +538,7 @@ def summarize_clients(rows: list[dict[str, float]]) -> dict[str, float]:
     """Pooled and per-client statistics of personalized (and global) test accuracy and loss."""
     n = np.asarray([r[NUM_EXAMPLES] for r in rows], dtype=float)
     out: dict[str, float] = {"clients": len(rows), NUM_EXAMPLES: float(n.sum())}
-    for which in ("personal", "global"):
+    for which in ("personal", "global", "localized"):
         if not all(f"{which}-loss" in r for r in rows):
             continue
         loss = np.asarray([r[f"{which}-loss"] for r in rows], dtype=float)

@@ -1,0 +1,267 @@
+"""APFL: Deng, Kamani, Mahdavi, *Adaptive Personalized Federated Learning* (2020).
+
+Client i keeps w_i (its copy of the global model), v_i (a private local model) and
+alpha_i in [0, 1]; its personalized model is ``v_bar_i = alpha_i v_i + (1 - alpha_i) w_i``::
+
+    every local step t (one minibatch xi, one step size eta_t for all three):
+        w_i     <- w_i - eta_t grad f_i(w_i; xi)                         # FedAvg's local step
+        v_i     <- v_i - eta_t grad_v f_i(v_bar_i; xi)   (= alpha_i grad f_i(v_bar_i); w_i detached)
+        alpha_i <- Proj_[0,1](alpha_i - eta_t <v_i - w_i, grad f_i(v_bar_i; xi)>)   # if adaptive
+    every tau steps: the sampled clients send w_i; server w = unweighted mean; broadcast w
+
+All three gradients of a step are taken at the step's starting point (the paper's
+simultaneous update). The v and alpha gradients come from autograd through
+``torch.func.functional_call`` on the mixed parameters, so d/d alpha is exact.
+eta_t = ``lr`` * ``apfl-lr-decay`` ** t with t the global step ``(round - 1) * tau + k``,
+derivable from the round number, so every client follows the same schedule whether or not
+it was sampled in between. v_i, alpha_i and the client's own step count live in its store,
+also across rounds it is not sampled in, and never travel: only w does.
+
+Options: ``apfl-mixing`` = ``parameters`` (the paper, default) or ``outputs`` (the authors'
+code: ``alpha model_v(x) + (1 - alpha) model_w(x)`` on the logits; the code's once-per-round
+alpha update with its extra +0.02 alpha term is not reproduced); ``apfl-adaptive`` (default
+true) with ``apfl-alpha`` the initial / fixed alpha; ``apfl-weighting`` ``uniform`` (the
+paper) or ``num-examples``. tau = ``local-steps`` (or ``local-epochs`` passes).
+
+Evaluation: personalized = v_bar with the received global w (what a device deploys);
+global = the received w; ``localized`` = w after tau local steps (the paper's "FedAvg
+localized"). A client without state is a new client (eq. 17): v starts from w and is
+fine-tuned for ``finetune-epochs`` with w fixed before it is evaluated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord
+from torch import nn
+from torch.func import functional_call
+
+from pflower.config import Config
+from pflower.strategies.base import (
+    NUM_EXAMPLES,
+    ClientHalf,
+    ClientJob,
+    ClientUpdate,
+    PersonalizedStrategy,
+    train_metrics,
+    weighted_mean,
+)
+from pflower.task import split as splits
+from pflower.task import train as training
+from pflower.task.state import load_matching
+
+V_KEY, ALPHA_KEY = "apfl-v", "apfl-alpha"
+
+
+class APFL(PersonalizedStrategy):
+    """APFL's server: the mean of the returned w_i (unweighted by default), through the
+    server optimizer (SGD with lr 1 by default: the plain mean)."""
+
+    def __init__(self, *, weighted: bool = False, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.weighted = weighted
+
+    def aggregate(
+        self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
+    ) -> dict[str, np.ndarray]:
+        weights = [u.num_examples if self.weighted else 1.0 for u in updates]
+        mean = weighted_mean([u.tensors for u in updates], weights)
+        return self.server_optimizer.step(current, {k: current[k] - mean[k] for k in current})
+
+    def train_config(self, server_round: int) -> dict:
+        settings = super().train_config(server_round)
+        # the algorithm's round, from which each client derives the global step of eta_t
+        settings["apfl-round"] = server_round - self.pretrain_rounds
+        return settings
+
+    def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
+        alphas = [u.metrics["alpha"] for u in updates if "alpha" in u.metrics]
+        metrics = super().round_metrics(updates)
+        if alphas:
+            metrics.update({"alpha-min": float(min(alphas)), "alpha-max": float(max(alphas))})
+        return metrics
+
+
+def _names(model: nn.Module) -> list[str]:
+    return [n for n, _ in model.named_parameters()]
+
+
+class APFLClient(ClientHalf):
+    """Local steps on (w, v, alpha) with one minibatch each; sends w."""
+
+    def _state(self, job: ClientJob) -> tuple[dict[str, torch.Tensor], float, int] | None:
+        names = _names(job.model)
+        v = load_matching(job.store, V_KEY, splits.get_tensors(job.model, names))
+        extra = job.store.load(ALPHA_KEY)
+        if v is None or extra is None:
+            return None
+        return v, float(extra["alpha"]), int(extra["steps"])
+
+    def _save(self, job: ClientJob, v: dict[str, torch.Tensor], alpha: float, steps: int):
+        job.store.save(V_KEY, {n: t.detach().cpu() for n, t in v.items()})
+        job.store.save(
+            ALPHA_KEY,
+            {"alpha": torch.tensor([alpha], dtype=torch.float64), "steps": torch.tensor([steps])},
+        )
+
+    def _mixed_loss(self, job, v, alpha, w, x, y) -> torch.Tensor:
+        """f_i at v_bar (parameters) or on the mixed outputs; w enters detached."""
+        criterion = training.loss_fn(job.model)
+        if job.cfg.apfl_mixing == "outputs":
+            out_v = functional_call(job.model, v, (x,))
+            with torch.no_grad():
+                out_w = functional_call(job.model, w, (x,))
+            return criterion(alpha * out_v + (1 - alpha) * out_w, y)
+        mixed = {n: alpha * v[n] + (1 - alpha) * w[n].detach() for n in v}
+        return criterion(functional_call(job.model, mixed, (x,)), y)
+
+    def local_steps(
+        self,
+        job: ClientJob,
+        v: dict[str, torch.Tensor],
+        alpha: float,
+        *,
+        lr0: float,
+        first_step: int,
+        steps: int,
+        train_w: bool = True,
+        adaptive: bool | None = None,
+    ) -> tuple[float, float, int]:
+        """``steps`` APFL steps; returns (alpha, mean minibatch loss of v_bar, examples)."""
+        cfg = job.cfg
+        adaptive = cfg.apfl_adaptive if adaptive is None else adaptive
+        names = _names(job.model)
+        params = dict(job.model.named_parameters())
+        v = {n: v[n].to(job.device).requires_grad_(True) for n in names}
+        a = torch.tensor(alpha, dtype=torch.float64, device=job.device, requires_grad=adaptive)
+        criterion = training.loss_fn(job.model)
+        total, examples = 0.0, 0
+        job.model.train()
+        for k, (x, y) in enumerate(training._cycle(job.train_loader, steps)):
+            x, y = x.to(job.device), y.to(job.device)
+            eta = lr0 * cfg.apfl_lr_decay ** (first_step + k)
+            w_now = {n: p.detach() for n, p in params.items()}  # the step's starting w
+            if train_w:
+                loss_w = criterion(job.model(x), y)
+                g_w = torch.autograd.grad(loss_w, list(params.values()))
+            loss_bar = self._mixed_loss(job, v, a, w_now, x, y)
+            wrt = [*v.values(), *([a] if adaptive else [])]
+            grads = torch.autograd.grad(loss_bar, wrt)
+            with torch.no_grad():
+                if train_w:  # exactly torch.optim.SGD's update, so alpha = 0 is FedAvg bit for bit
+                    for p, g in zip(params.values(), g_w):
+                        p.add_(g, alpha=-eta)
+                for t, g in zip(v.values(), grads[: len(v)]):
+                    t -= eta * g
+                if adaptive:
+                    a -= eta * grads[-1]
+                    a.clamp_(0.0, 1.0)
+            total += float(loss_bar) * len(y)
+            examples += len(y)
+        return float(a), total / max(1, examples), examples
+
+    def _tau(self, job: ClientJob) -> int:
+        return job.cfg.local_steps or job.cfg.local_epochs * len(job.train_loader)
+
+    def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
+        tau = self._tau(job)
+        state = self._state(job)
+        if state is None:  # first visit: v from the received w, alpha_0
+            v, alpha, count = (
+                splits.get_tensors(job.model, _names(job.model)),
+                job.cfg.apfl_alpha,
+                0,
+            )
+        else:
+            v, alpha, count = state
+        t0 = (int(config["apfl-round"]) - 1) * tau
+        v = {n: t.clone() for n, t in v.items()}
+        alpha, loss, seen = self.local_steps(
+            job, v, alpha, lr0=float(config["lr"]), first_step=t0, steps=tau
+        )
+        self._save(job, v, alpha, count + tau)
+        result = training.TrainResult(loss=loss, steps=tau, examples=seen)
+        return job.shared_record(), {**train_metrics(job, result), "alpha": alpha}
+
+    def new_client(self, job: ClientJob) -> None:
+        """The global model: the received w as it is."""
+
+    def personal_model(self, job: ClientJob) -> tuple[dict[str, torch.Tensor], float]:
+        """This client's (v, alpha); without state (a new client, eq. 17) v starts from the
+        received w and is fine-tuned for ``finetune-epochs`` with w fixed. The model keeps w."""
+        state = self._state(job)
+        if state is not None:
+            return state[0], state[1]
+        w = splits.get_tensors(job.model, _names(job.model))
+        v, alpha = {n: t.clone() for n, t in w.items()}, job.cfg.apfl_alpha
+        steps = job.cfg.finetune_epochs * len(job.train_loader)
+        if steps:
+            lr0 = job.cfg.effective_finetune_lr
+            alpha, _, _ = self.local_steps(
+                job, v, alpha, lr0=lr0, first_step=0, steps=steps, train_w=False
+            )
+        return {n: t.detach() for n, t in v.items()}, alpha
+
+    def personalize(self, job: ClientJob, final: bool = False) -> None:
+        """Parameter mixing: set the model to v_bar = alpha v + (1 - alpha) w."""
+        v, alpha = self.personal_model(job)
+        w = splits.get_tensors(job.model, _names(job.model))
+        splits.set_tensors(job.model, {n: alpha * v[n] + (1 - alpha) * w[n] for n in w})
+
+    def evaluate(self, job: ClientJob, config: Mapping) -> dict[str, float]:
+        """Global (w), personalized (v_bar, either mixing) and localized (w after tau local
+        steps, the paper's "FedAvg localized") on this client's test split."""
+        if config.get("phase") == "pretrain":
+            return super().evaluate(job, config)
+        w = splits.get_tensors(job.model, _names(job.model))
+        glob = job.evaluate()
+        v, alpha = self.personal_model(job)
+        mixed = _Mixture(job.model, v, alpha, w, job.cfg.apfl_mixing)
+        pers = training.evaluate(mixed, job.test_loader, job.device)
+        job.sgd(job.shared_params(), lr=float(config.get("lr", job.cfg.lr)), steps=self._tau(job))
+        local = job.evaluate()
+        splits.set_tensors(job.model, w)
+        metrics: dict[str, float] = {
+            "partition-id": job.partition_id,
+            "num-train": job.num_train,
+            NUM_EXAMPLES: pers["num-examples"],
+            "alpha": alpha,
+        }
+        for which, out in (("global", glob), ("personal", pers), ("localized", local)):
+            metrics.update({f"{which}-{k}": out[k] for k in ("loss", "accuracy") if k in out})
+        return metrics
+
+
+class _Mixture(nn.Module):
+    """The personalized model v_bar as a module: mixed parameters or mixed outputs."""
+
+    def __init__(self, model: nn.Module, v, alpha: float, w, mixing: str) -> None:
+        super().__init__()
+        self.model, self.v, self.alpha, self.w, self.mixing = model, v, alpha, w, mixing
+        if hasattr(model, "loss"):  # regression models bring their own loss
+            self.loss = model.loss
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.alpha
+        if self.mixing == "outputs":
+            out_v = functional_call(self.model, self.v, (x,))
+            return a * out_v + (1 - a) * functional_call(self.model, self.w, (x,))
+        mixed = {n: a * self.v[n] + (1 - a) * self.w[n] for n in self.w}
+        return functional_call(self.model, mixed, (x,))
+
+
+def apfl_strategy(cfg: Config, **kwargs) -> APFL:
+    from pflower.strategies import build_run_model
+
+    if cfg.apfl_mixing == "parameters":
+        model = build_run_model(cfg)
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+            raise ValueError(
+                f"key 'model' = {cfg.model!r}: has BatchNorm; APFL's parameter mixing of "
+                "running statistics is ill-defined: use apfl-mixing 'outputs' or a model "
+                "without BatchNorm"
+            )
+    return APFL(weighted=cfg.apfl_weighting == "num-examples", **kwargs)

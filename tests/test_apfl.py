@@ -1,0 +1,127 @@
+"""APFL: the alpha and v gradients against finite differences / the chain rule, FedAvg's w
+trajectory at alpha = 0, alpha's projection, and what stays on the client."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import job_for
+
+from pflower.strategies import APFLClient, FedAvgClient
+from pflower.task.split import get_tensors, set_tensors
+from pflower.task.train import loss_fn
+
+APFL = {"algorithm": "apfl", "model": "mlp", "local-steps": 5, "apfl-lr-decay": 1.0}
+
+
+def _names(job):
+    return [n for n, _ in job.model.named_parameters()]
+
+
+def _v_w_batch(job, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = {n: t.clone() for n, t in get_tensors(job.model, _names(job)).items()}
+    v = {n: t + 0.1 * torch.randn(t.shape, generator=g) for n, t in w.items()}
+    x, y = next(iter(job.train_loader))
+    return v, w, x, y
+
+
+def _f_at(job, params, x, y) -> torch.Tensor:
+    set_tensors(job.model, params)
+    return loss_fn(job.model)(job.model(x), y)
+
+
+@pytest.mark.parametrize("mixing", ["parameters", "outputs"])
+def test_alpha_gradient_equals_a_finite_difference(mixing):
+    job = job_for({**APFL, "apfl-mixing": mixing})
+    job.model.double()
+    v, w, x, y = _v_w_batch(job)
+    v = {n: t.double().requires_grad_(True) for n, t in v.items()}
+    w = {n: t.double() for n, t in w.items()}
+    alpha = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    loss = APFLClient()._mixed_loss(job, v, alpha, w, x.double(), y)
+    (g_alpha,) = torch.autograd.grad(loss, [alpha])
+
+    def f(a: float) -> float:
+        with torch.no_grad():
+            a_t = torch.tensor(a, dtype=torch.float64)
+            return float(APFLClient()._mixed_loss(job, v, a_t, w, x.double(), y))
+
+    h = 1e-6
+    assert float(g_alpha) == pytest.approx((f(0.3 + h) - f(0.3 - h)) / (2 * h), rel=1e-6)
+    job.model.float()
+
+
+def test_v_gradient_is_alpha_times_the_gradient_at_v_bar():
+    job = job_for(APFL)
+    v, w, x, y = _v_w_batch(job)
+    alpha = 0.3
+    v_req = {n: t.clone().requires_grad_(True) for n, t in v.items()}
+    loss = APFLClient()._mixed_loss(job, v_req, torch.tensor(alpha), w, x, y)
+    g_v = torch.autograd.grad(loss, list(v_req.values()))
+    # the gradient of f at the point v_bar, by the model's own backward
+    v_bar = {n: alpha * v[n] + (1 - alpha) * w[n] for n in v}
+    job.model.zero_grad()
+    _f_at(job, v_bar, x, y).backward()
+    for (_name, p), g in zip(job.model.named_parameters(), g_v):
+        torch.testing.assert_close(g, alpha * p.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_alpha_zero_w_trajectory_is_fedavgs_bit_for_bit():
+    settings = {**APFL, "apfl-alpha": 0.0, "apfl-adaptive": False}
+    apfl_job, fedavg_job = job_for(settings), job_for({**settings, "algorithm": "fedavg"})
+    start = get_tensors(apfl_job.model, _names(apfl_job))
+    set_tensors(fedavg_job.model, start)
+    apfl_reply, metrics = APFLClient().train(apfl_job, {"lr": 0.05, "apfl-round": 1})
+    fedavg_reply, _ = FedAvgClient().train(fedavg_job, {"lr": 0.05})
+    assert list(apfl_reply.keys()) == list(fedavg_reply.keys())
+    for name in apfl_reply:
+        np.testing.assert_array_equal(apfl_reply[name].numpy(), fedavg_reply[name].numpy())
+    assert metrics["alpha"] == 0.0
+
+
+def test_alpha_stays_in_unit_interval_and_state_stays_on_the_client():
+    job = job_for({**APFL, "apfl-alpha": 0.5, "lr": 5.0})  # a step that overshoots
+    half = APFLClient()
+    reply, metrics = half.train(job, {"lr": 5.0, "apfl-round": 1})
+    assert 0.0 <= metrics["alpha"] <= 1.0
+    v, alpha, steps = half._state(job)
+    assert alpha == metrics["alpha"] and steps == 5
+    # the reply is w: not v
+    w = {n: reply[n].numpy() for n in reply}
+    assert any(not np.allclose(w[n], v[n].numpy()) for n in w)
+    # state carries over to the next round
+    half.train(job, {"lr": 0.01, "apfl-round": 2})
+    assert half._state(job)[2] == 10
+
+
+def test_step_size_follows_the_global_step_counter():
+    """eta_t = eta_0 * decay^t with t = (round - 1) * tau + k: one step of round 3 with
+    tau = 1 uses eta_0 * decay^2 (checked on w, whose step is plain SGD)."""
+    settings = {**APFL, "local-steps": 1, "apfl-lr-decay": 0.5, "apfl-alpha": 0.0}
+    job = job_for({**settings, "apfl-adaptive": False}, server_round=3)
+    start = get_tensors(job.model, _names(job))
+    x, y = next(iter(job.train_loader))  # the batch the step will draw (same seeded order)
+    job.train_loader.generator.manual_seed(job.train_loader.generator.initial_seed())
+    job.model.zero_grad()
+    _f_at(job, start, x, y).backward()
+    expected = {n: start[n] - 0.4 * 0.25 * p.grad for n, p in job.model.named_parameters()}
+    set_tensors(job.model, start)
+    job.train_loader.generator.manual_seed(job.train_loader.generator.initial_seed())
+    reply, _ = APFLClient().train(job, {"lr": 0.4, "apfl-round": 3})
+    for name in reply:
+        torch.testing.assert_close(
+            torch.from_numpy(reply[name].numpy()), expected[name], rtol=1e-5, atol=1e-7
+        )
+
+
+def test_a_new_client_fine_tunes_v_with_w_fixed():
+    job = job_for({**APFL, "finetune-epochs": 1, "apfl-alpha": 0.5})
+    w = get_tensors(job.model, _names(job))
+    metrics = APFLClient().evaluate(job, {"lr": 0.05})
+    after = get_tensors(job.model, _names(job))
+    for n in w:  # the received w is left as it was
+        torch.testing.assert_close(after[n], w[n])
+    assert metrics["personal-loss"] < metrics["global-loss"]  # v was fitted to this client
+    assert {"localized-accuracy", "alpha"} <= set(metrics)
