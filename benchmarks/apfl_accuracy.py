@@ -15,6 +15,11 @@ ClientApp on a ``LocalGrid``; the final round evaluates every client on its test
 
     python benchmarks/apfl_accuracy.py --table mnist --out benchmarks/results/apfl-mnist
     python benchmarks/apfl_accuracy.py --table synthetic --out benchmarks/results/apfl-synthetic
+    python benchmarks/apfl_accuracy.py --table newclients --out benchmarks/results/apfl-newclients
+
+Fig. 6 analogue (``--table newclients``): the Table 2 setting with 10 of the 50 clients
+(``holdout-fraction`` 0.2) never trained; at the end they start v from the global w and
+fine-tune it one epoch with w fixed (eq. 17), then are evaluated.
 """
 
 from __future__ import annotations
@@ -52,6 +57,26 @@ TABLES = {
             "APFL adaptive (alpha_0=0.01)": {**APFL, "apfl-alpha": 0.01},
             "FedAvg": FEDAVG,
             "Local": LOCAL,
+        },
+    },
+    # Fig. 6 analogue: 20% of the clients never train and are evaluated as new clients
+    "newclients": {
+        "common": {
+            "dataset": "mnist-5k",
+            "partitioner": "pathological",
+            "classes-per-client": 2,
+            "model": "mlp",
+            "batch-size": 20,
+            "fraction-train": 0.2,
+            "finetune-epochs": 1,
+            "holdout-fraction": 0.2,
+        },
+        "clients": 50,
+        "settings": {"MNIST 2 classes, 10 of 50 clients held out": {}},
+        "methods": {
+            "APFL alpha=0.25": {**APFL, "apfl-alpha": 0.25, "apfl-adaptive": False},
+            "APFL adaptive (alpha_0=0.01)": {**APFL, "apfl-alpha": 0.01},
+            "FedAvg": FEDAVG,
         },
     },
     "synthetic": {
@@ -97,15 +122,31 @@ def one(job) -> dict:
         "outputs-dir": str(Path(tempfile.gettempdir()) / "pflower-apfl-runs"),
     }
     start = time.perf_counter()
-    final = run_local(cfg, spec["clients"]).final
+    report = run_local(cfg, spec["clients"])
+    final = report.final
+    held = _held_out_accuracy(report.clients, spec["clients"], cfg.get("holdout-fraction", 0))
     return {
         "setting": setting,
         "method": method,
         "seed": seed,
         **{k: final.get(f"{k}-accuracy") for k in ("personal", "global", "localized")},
+        **held,
         "seconds": time.perf_counter() - start,
         "config": cfg,
     }
+
+
+def _held_out_accuracy(rows: list[dict], clients: int, fraction: float) -> dict:
+    """Pooled personalized accuracy of the held-out (new) clients and of the trained ones."""
+    if not fraction:
+        return {}
+    cutoff = clients - round(fraction * clients)
+    out = {}
+    for name, keep in (("new", lambda p: p >= cutoff), ("trained", lambda p: p < cutoff)):
+        part = [r for r in rows if keep(int(r["partition-id"]))]
+        n = sum(r["num-examples"] for r in part)
+        out[name] = sum(r["personal-accuracy"] * r["num-examples"] for r in part) / n
+    return out
 
 
 def _cell(values: list[float]) -> str:
@@ -125,11 +166,18 @@ def table(results: list[dict], name: str, args) -> str:
         "| setting | method | personalized | global | localized |",
         "|---|---|---|---|---|",
     ]
+    columns = ("personal", "global", "localized")
+    if "holdout-fraction" in spec["common"]:
+        columns = ("trained", "new", "global")
+        lines[2:4] = [
+            "| setting | method | trained clients (personalized) | new clients (eq. 17) | global |",
+            "|---|---|---|---|---|",
+        ]
     for setting in spec["settings"]:
         for method in spec["methods"]:
             rows = [r for r in results if (r["setting"], r["method"]) == (setting, method)]
             if rows:
-                cells = [_cell([r[k] for r in rows]) for k in ("personal", "global", "localized")]
+                cells = [_cell([r.get(k) for r in rows]) for k in columns]
                 lines.append(f"| {setting} | {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -122,6 +122,7 @@ class Config(BaseModel):
     fraction_evaluate: float = Field(1.0, alias="fraction-evaluate", gt=0, le=1)
     evaluate_every: int = Field(5, alias="evaluate-every", ge=1)
     round_timeout: float = Field(3600.0, alias="round-timeout", gt=0)
+    holdout_fraction: float = Field(0.0, alias="holdout-fraction", ge=0, lt=1)
 
     # --- local optimisation ----------------------------------------------------------------
     local_epochs: int = Field(1, alias="local-epochs", ge=1)

@@ -135,6 +135,10 @@ class PersonalizedStrategy(Strategy):
         Names of the shared parameters; required when ``pretrain_rounds > 0``.
     seed : int (default: 0)
         Seed of the client-sampling generator.
+    holdout_fraction : float (default: 0.0)
+        Share of the clients (the highest partition ids) never sampled for training: they
+        are evaluated as new clients (their personal part from the algorithm's new-client
+        rule) next to the trained ones.
     min_available_nodes : int (default: 1)
         Wait until this many nodes are connected before sampling.
     """
@@ -155,6 +159,7 @@ class PersonalizedStrategy(Strategy):
         pretrain_lr: float | None = None,
         shared_names: Sequence[str] | None = None,
         seed: int = 0,
+        holdout_fraction: float = 0.0,
         min_available_nodes: int = 1,
     ) -> None:
         if not 0 < fraction_train <= 1:
@@ -186,6 +191,9 @@ class PersonalizedStrategy(Strategy):
         self.pretrain_rounds = pretrain_rounds
         self.pretrain_lr = pretrain_lr or lr
         self.shared_names = list(shared_names) if shared_names is not None else None
+        if not 0 <= holdout_fraction < 1:
+            raise ValueError(f"holdout_fraction = {holdout_fraction}: must be in [0, 1)")
+        self.holdout_fraction = holdout_fraction
         self.min_available_nodes = min_available_nodes
         self.rng = random.Random(seed)
         self.num_rounds = 0
@@ -209,7 +217,8 @@ class PersonalizedStrategy(Strategy):
             )
         self.num_rounds = num_rounds
         self.history = []
-        self.learn_partitions(grid)
+        # as long as a round may take: a busy machine can start its nodes slowly
+        self.learn_partitions(grid, timeout=kwargs.get("timeout") or 3600.0)
         return super().start(grid, initial_arrays, num_rounds=num_rounds, **kwargs)
 
     def summary(self) -> None:
@@ -271,7 +280,9 @@ class PersonalizedStrategy(Strategy):
         unknown = 1 << 62
         return sorted(nodes, key=lambda n: (self.partition_of.get(n, unknown), n))
 
-    def sample(self, grid: Grid, fraction: float, everyone: bool = False) -> list[int]:
+    def sample(
+        self, grid: Grid, fraction: float, everyone: bool = False, train: bool = False
+    ) -> list[int]:
         """Uniform sample without replacement of ``max(1, round(fraction * N))`` nodes,
         drawn over the nodes in partition-id order (see ``learn_partitions``)."""
         nodes = self._ordered(grid.get_node_ids())
@@ -281,7 +292,16 @@ class PersonalizedStrategy(Strategy):
             nodes = self._ordered(grid.get_node_ids())
         if everyone:
             return nodes
+        if train and self.holdout_fraction:  # held-out partitions never train
+            held = self.held_out(nodes)
+            nodes = [n for n in nodes if n not in held]
         return self._ordered(self.rng.sample(nodes, max(1, round(fraction * len(nodes)))))
+
+    def held_out(self, nodes: Sequence[int]) -> set[int]:
+        """The nodes whose partition id is among the top ``holdout_fraction`` of the ids."""
+        num = len(nodes)
+        cutoff = num - round(self.holdout_fraction * num)
+        return {n for n in nodes if self.partition_of.get(n, -1) >= cutoff}
 
     def train_config(self, server_round: int) -> dict:
         """Settings sent to clients with each training round (subclasses add theirs)."""
@@ -330,7 +350,7 @@ class PersonalizedStrategy(Strategy):
         if not self.pretraining(server_round):
             arrays = self._split_after_pretraining(arrays)
         self._current = arrays
-        nodes = self.sample(grid, self.fraction_train)
+        nodes = self.sample(grid, self.fraction_train, train=True)
         log.info("round %d: training on %d nodes", server_round, len(nodes))
         settings = {**dict(config), **self.train_config(server_round)}
         return self._messages(server_round, nodes, arrays, settings, MessageType.TRAIN)
@@ -509,6 +529,7 @@ def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> d
         "pretrain_lr": cfg.effective_pretrain_lr,
         "shared_names": shared_names,
         "seed": cfg.seed,
+        "holdout_fraction": cfg.holdout_fraction,
     }
 
 
