@@ -167,6 +167,7 @@ class Config(BaseModel):
     # --- PFLEGO ----------------------------------------------------------------------------
     pflego_alpha: str = Field("global", alias="pflego-alpha")
     pflego_head_alpha: bool = Field(False, alias="pflego-head-alpha")
+    pflego_local_labels: bool = Field(False, alias="pflego-local-labels")
 
     # --- APFL ------------------------------------------------------------------------------
     apfl_alpha: float = Field(0.01, alias="apfl-alpha", ge=0, le=1)

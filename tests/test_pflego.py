@@ -141,3 +141,31 @@ def test_server_learns_every_clients_size_for_global_alpha():
     )
     sizes = sorted(len(load_client_data(cfg, pid, 4)[0].dataset) for pid in range(4))
     assert sorted(strategy.num_train_of.values()) == sizes
+
+
+def test_local_labels_head_is_the_k_i_class_head():
+    """The C-row head with absent classes pinned equals a K_i-row head on re-indexed labels:
+    same loss, same gradient on the present rows, zero gradient elsewhere; never predicted."""
+    job = job_for({**PFLEGO, "pflego-local-labels": True, "partitioner": "pathological"})
+    half = PFLEGOClient()
+    half.init_head(job)
+    head = half._head(job)
+    from pflower.strategies.pflego import features
+
+    phi, y = features(job.model, head, job.train_loader, job.device)
+    present = y.unique()
+    assert 1 <= len(present) < head.out_features
+    g_w, g_b = head_gradient(phi, y, head.weight.detach(), head.bias.detach())
+    absent = torch.ones(head.out_features, dtype=torch.bool)
+    absent[present] = False
+    assert torch.all(g_w[absent] == 0) and torch.all(g_b[absent] == 0)
+    # the K_i-row head on locally re-indexed labels
+    local_y = torch.searchsorted(present, y)
+    w_k = head.weight.detach()[present].clone().requires_grad_(True)
+    b_k = head.bias.detach()[present].clone().requires_grad_(True)
+    F.cross_entropy(phi @ w_k.T + b_k, local_y).backward()
+    torch.testing.assert_close(g_w[present], w_k.grad)
+    torch.testing.assert_close(g_b[present], b_k.grad)
+    with torch.no_grad():
+        predicted = (phi @ head.weight.T + head.bias).argmax(1)
+    assert set(predicted.tolist()) <= set(present.tolist())

@@ -24,7 +24,8 @@ Settings: tau = ``local-steps``, beta = ``personal-lr`` (default ``lr``), rho = 
 with ``server-optimizer`` Adam (``auto``'s choice for PFLEGO, one state for the whole run) or
 SGD; ``pflego-alpha``: ``global`` (eq. 4; the server learns every N_j at start-up with a
 query) or ``sampled`` (the authors' code: alpha normalised over the round's replies, no
-I / r_t factor). ``pflego-head-alpha`` multiplies the head step (3) by alpha_i as eq. (5)
+I / r_t factor). ``pflego-local-labels``: a K_i-class head over the client's own classes
+(``init_head``). ``pflego-head-alpha`` multiplies the head step (3) by alpha_i as eq. (5)
 prints (default off: Alg. 1 and the code). r_t is the number of usable replies (realised);
 the head step uses the number of sampled clients (the client cannot know r_t). A round
 with no usable reply leaves theta unchanged. Local sets are processed in minibatch-size
@@ -57,6 +58,7 @@ from pflower.strategies.base import (
 from pflower.task import train as training
 
 ALPHA_MODES = ("global", "sampled")
+ABSENT_LOGIT = -1e4  # exp underflows to exactly 0 (float32 and float64)
 
 
 def head_module(model: nn.Module, personal: tuple[str, ...]) -> tuple[str, nn.Linear]:
@@ -164,12 +166,20 @@ class PFLEGOClient(ClientHalf):
         return head_module(job.model, job.split.personal)[1]
 
     def init_head(self, job: ClientJob) -> None:
-        """U[0, 1) as in the authors' code, seeded by (seed, client)."""
+        """U[0, 1) as in the authors' code, seeded by (seed, client). With
+        ``pflego-local-labels`` the classes absent from the local training set get the bias
+        ``ABSENT_LOGIT``: their softmax probability is exactly 0 in float32, so their
+        gradient rows are 0 and they never move or get predicted, which is the paper's
+        K_i-row head with locally re-indexed labels, kept in the model's C-row layout."""
         head = self._head(job)
         g = torch.Generator().manual_seed(job.cfg.seed * 1_000_003 + job.partition_id)
         with torch.no_grad():
             for p in (head.weight, head.bias):
                 p.copy_(torch.rand(p.shape, generator=g, dtype=p.dtype))
+            if job.cfg.pflego_local_labels:
+                present = torch.zeros(head.out_features, dtype=torch.bool)
+                present[job.train_loader.dataset.tensors[1].long().unique()] = True
+                head.bias[~present] = ABSENT_LOGIT
 
     def restore_head(self, job: ClientJob) -> None:
         if not job.restore_personal():
