@@ -159,7 +159,7 @@ class APFLClient(ClientHalf):
                 if adaptive:
                     a -= eta * grads[-1]
                     a.clamp_(0.0, 1.0)
-            total += float(loss_bar) * len(y)
+            total += float(loss_bar.detach()) * len(y)
             examples += len(y)
         return float(a), total / max(1, examples), examples
 
