@@ -55,6 +55,7 @@ TABLES = {
             "APFL alpha=0.5": {**APFL, "apfl-alpha": 0.5, "apfl-adaptive": False},
             "APFL alpha=0.75": {**APFL, "apfl-alpha": 0.75, "apfl-adaptive": False},
             "APFL adaptive (alpha_0=0.01)": {**APFL, "apfl-alpha": 0.01},
+            "APFL adaptive (alpha_0=0.5)": {**APFL, "apfl-alpha": 0.5},
             "FedAvg": FEDAVG,
             "Local": LOCAL,
         },
@@ -187,6 +188,7 @@ def main() -> None:
     parser.add_argument("--table", choices=list(TABLES), default="mnist")
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--methods", nargs="*", default=None, help="default: all of the table")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default="")
     args = parser.parse_args()
@@ -196,7 +198,7 @@ def main() -> None:
     jobs = [
         (args.table, setting, method, seed, args.rounds)
         for setting in spec["settings"]
-        for method in spec["methods"]
+        for method in args.methods or spec["methods"]
         for seed in args.seeds
     ]
     results = []
