@@ -1,0 +1,125 @@
+"""Robust aggregators: invariances, breakdown points, known answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pflower.strategies.aggregators import (
+    Bucketing,
+    CenteredClipping,
+    CoordinateMedian,
+    GeometricMedian,
+    Krum,
+    Mean,
+    TrimmedMean,
+    make_aggregator,
+    stack,
+    unstack,
+)
+
+RULES = {
+    "mean": Mean,
+    "median": CoordinateMedian,
+    "trimmed-mean": lambda: TrimmedMean(0.2),
+    "krum": Krum,
+    "multi-krum": lambda: Krum(m=3),
+    "geometric-median": GeometricMedian,
+    "centered-clipping": lambda: CenteredClipping(radius=10.0, iterations=50),
+}
+
+
+def honest(n=10, d=6, seed=0):
+    return torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_permutation_invariant(name):
+    X = honest()
+    perm = torch.randperm(10, generator=torch.Generator().manual_seed(1))
+    a, b = RULES[name]()(X, f=0), RULES[name]()(X[perm], f=0)
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_equal_inputs_give_the_common_value(name):
+    X = torch.tensor([1.0, -2.0, 3.5], dtype=torch.float64).repeat(7, 1)
+    torch.testing.assert_close(RULES[name]()(X, f=0), X[0])
+
+
+@pytest.mark.parametrize("name", ["median", "trimmed-mean", "krum", "multi-krum"])
+def test_outliers_below_breakdown_stay_in_the_honest_box(name):
+    good = honest(n=8)
+    bad = torch.full((2, 6), 1e6, dtype=torch.float64)
+    out = RULES[name]()(torch.cat([good, bad]), f=2)
+    assert torch.all(out >= good.min(0).values - 1e-9)
+    assert torch.all(out <= good.max(0).values + 1e-9)
+
+
+@pytest.mark.parametrize("name", ["geometric-median", "centered-clipping"])
+def test_outliers_move_distance_rules_a_bounded_amount(name):
+    """f = 2 of 10 at 1e6: the output stays within a few honest radii of the honest mean."""
+    good = honest(n=8)
+    bad = torch.full((2, 6), 1e6, dtype=torch.float64)
+    out = RULES[name]()(torch.cat([good, bad]), f=2)
+    spread = torch.linalg.vector_norm(good - good.mean(0), dim=1).max()
+    assert torch.linalg.vector_norm(out - good.mean(0)) < 3 * spread
+
+
+def test_weiszfeld_finds_known_geometric_medians():
+    square = torch.tensor([[0.0, 0], [2, 0], [0, 2], [2, 2]], dtype=torch.float64)
+    torch.testing.assert_close(
+        GeometricMedian(tol=1e-12, max_iter=1000)(square),
+        torch.tensor([1.0, 1.0], dtype=torch.float64),
+    )
+    # three collinear points: the middle one
+    line = torch.tensor([[0.0, 0], [1, 0], [5, 0]], dtype=torch.float64)
+    out = GeometricMedian(eps=1e-10, tol=1e-12, max_iter=5000)(line)
+    torch.testing.assert_close(
+        out, torch.tensor([1.0, 0.0], dtype=torch.float64), atol=1e-6, rtol=0
+    )
+    # a triangle with all angles < 120 degrees: the Fermat point, where unit vectors sum to 0
+    tri = torch.tensor([[0.0, 0], [4, 0], [1, 3]], dtype=torch.float64)
+    z = GeometricMedian(tol=1e-14, max_iter=5000)(tri)
+    units = (tri - z) / torch.linalg.vector_norm(tri - z, dim=1, keepdim=True)
+    assert torch.linalg.vector_norm(units.sum(0)) < 1e-6
+
+
+@pytest.mark.parametrize("name", ["median", "trimmed-mean", "krum", "geometric-median", "mean"])
+def test_bucketing_with_size_one_is_the_base_rule(name):
+    X = honest()
+    torch.testing.assert_close(Bucketing(RULES[name](), s=1)(X, f=0), RULES[name]()(X, f=0))
+
+
+def test_bucketing_averages_buckets_then_applies_the_base():
+    X = honest(n=6)
+    rule = Bucketing(Mean(), s=2, seed=3)
+    torch.testing.assert_close(rule(X), X.mean(0))  # means of equal buckets: the mean
+
+
+def test_too_many_byzantines_are_refused_with_the_limit():
+    X = honest(n=10)
+    with pytest.raises(ValueError, match="at most 4"):
+        CoordinateMedian()(X, f=5)
+    with pytest.raises(ValueError, match="at most 3"):
+        Krum()(X, f=4)
+    with pytest.raises(ValueError, match="at most 0"):
+        Mean()(X, f=1)
+    with pytest.raises(ValueError, match="at most 2"):  # ceil(10 / 2) = 5 buckets: median of 5
+        Bucketing(CoordinateMedian(), s=2)(X, f=3)
+
+
+def test_stack_round_trip_and_factory():
+    updates = [
+        {"a": np.full((2, 3), i, np.float32), "b": np.arange(4, dtype=np.float32) * i}
+        for i in range(5)
+    ]
+    X, layout = stack(updates)
+    assert X.shape == (5, 10)
+    back = unstack(make_aggregator("median", bucket_size=1)(X), layout)
+    np.testing.assert_array_equal(back["a"], np.full((2, 3), 2, np.float32))
+    np.testing.assert_array_equal(back["b"], np.arange(4, dtype=np.float32) * 2)
+    assert isinstance(make_aggregator("krum", bucket_size=2), Bucketing)
+    with pytest.raises(ValueError, match="must be one of"):
+        make_aggregator("medain")
