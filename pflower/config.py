@@ -40,6 +40,15 @@ ALGORITHMS = (
     "apfl",
 )
 APFL_MIXINGS = ("parameters", "outputs")
+ROBUST_AGGREGATORS = (
+    "none",
+    "median",
+    "trimmed-mean",
+    "krum",
+    "multi-krum",
+    "geometric-median",
+    "centered-clipping",
+)
 SCAFFOLD_CONTROLS = ("local-steps", "full-gradient")
 FFGG_INITS = ("random", "zeros", "received", "stored")
 FFGG_SOLVERS = ("sgd", "gd", "cg")
@@ -176,6 +185,15 @@ class Config(BaseModel):
     apfl_lr_decay: float = Field(0.99, alias="apfl-lr-decay", gt=0, le=1)
     apfl_weighting: str = Field("uniform", alias="apfl-weighting")
 
+    # --- Byzantine robustness (every strategy that aggregates updates) -------------------
+    robust_aggregator: str = Field("none", alias="robust-aggregator")
+    robust_byzantine: int = Field(0, alias="robust-byzantine", ge=0)
+    robust_bucket_size: int = Field(0, alias="robust-bucket-size", ge=0)
+    robust_trim_beta: float = Field(0.1, alias="robust-trim-beta", ge=0, lt=0.5)
+    robust_krum_m: int = Field(3, alias="robust-krum-m", ge=1)
+    robust_clip_radius: float = Field(1.0, alias="robust-clip-radius", gt=0)
+    robust_clip_iterations: int = Field(3, alias="robust-clip-iterations", ge=1)
+
     # --- run -------------------------------------------------------------------------------
     seed: int = 0
     device: str = "auto"
@@ -192,6 +210,7 @@ class Config(BaseModel):
         _one_of("server-optimizer", self.server_optimizer, SERVER_OPTIMIZER_CHOICES)
         _one_of("pflego-alpha", self.pflego_alpha, PFLEGO_ALPHAS)
         _one_of("apfl-mixing", self.apfl_mixing, APFL_MIXINGS)
+        _one_of("robust-aggregator", self.robust_aggregator, ROBUST_AGGREGATORS)
         _one_of("apfl-weighting", self.apfl_weighting, FFGG_WEIGHTINGS)
         _one_of("lr-schedule", self.lr_schedule, LR_SCHEDULES)
         _one_of("ffgg-init", self.ffgg_init, FFGG_INITS)

@@ -51,7 +51,7 @@ def run(grid: Grid, cfg: Config) -> report.RunReport:
         initial_arrays=ArrayRecord(get_tensors(model, initial)),
         num_rounds=cfg.total_rounds,
         timeout=cfg.round_timeout,
-        evaluate_fn=server_evaluation(cfg, strategy, len(list(grid.get_node_ids()))),
+        evaluate_fn=server_evaluation(cfg, strategy, grid),
     )
     result = report.RunReport(
         cfg=cfg,
@@ -67,24 +67,28 @@ def run(grid: Grid, cfg: Config) -> report.RunReport:
     return result
 
 
-def server_evaluation(cfg: Config, strategy, num_nodes: int):
+def server_evaluation(cfg: Config, strategy, grid: Grid):
     """Server-side metrics after every round (and of the initial model, round 0), kept in
     the strategy's history. For ``synthetic-linear``: ||theta - theta*||^2 and ||F(theta)||^2
-    against the closed form (FFGG §3.1, ``task/linear.py``); none otherwise."""
+    against the closed form (FFGG §3.1, ``task/linear.py``) of the connected clients (counted
+    at round 0, after the strategy has waited for them); none otherwise."""
     if cfg.dataset != "synthetic-linear":
         return None
-    clients = [
-        linear.make_client(
-            m, n=cfg.linear_n, d_theta=cfg.linear_dtheta, d_w=cfg.linear_dw, seed=cfg.seed
-        )
-        for m in range(num_nodes)
-    ]
-    reference = linear.Reference.build(clients)
+    references: list[linear.Reference] = []
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         if linear.THETA not in arrays:  # e.g. theta kept personal: nothing shared to judge
             return None
-        metrics = reference.metrics(arrays[linear.THETA].numpy())
+        if not references:
+            num_nodes = len(list(grid.get_node_ids()))
+            clients = [
+                linear.make_client(
+                    m, n=cfg.linear_n, d_theta=cfg.linear_dtheta, d_w=cfg.linear_dw, seed=cfg.seed
+                )
+                for m in range(num_nodes)
+            ]
+            references.append(linear.Reference.build(clients))
+        metrics = references[0].metrics(arrays[linear.THETA].numpy())
         strategy.record_server_metrics(server_round, metrics)
         return MetricRecord(metrics)
 

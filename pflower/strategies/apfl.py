@@ -47,7 +47,6 @@ from pflower.strategies.base import (
     ClientUpdate,
     PersonalizedStrategy,
     train_metrics,
-    weighted_mean,
 )
 from pflower.task import split as splits
 from pflower.task import train as training
@@ -68,8 +67,10 @@ class APFL(PersonalizedStrategy):
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
         weights = [u.num_examples if self.weighted else 1.0 for u in updates]
-        mean = weighted_mean([u.tensors for u in updates], weights)
-        return self.server_optimizer.step(current, {k: current[k] - mean[k] for k in current})
+        deltas = [
+            {k: current[k].astype(np.float64) - u.tensors[k] for k in current} for u in updates
+        ]
+        return self.server_optimizer.step(current, self.combine(deltas, weights))
 
     def train_config(self, server_round: int) -> dict:
         settings = super().train_config(server_round)

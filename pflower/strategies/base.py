@@ -44,6 +44,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pflower.config import Config
+from pflower.strategies import aggregators
+from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.server_opt import ServerOptimizer, client_lr
 from pflower.task import split as splits
 from pflower.task import train as training
@@ -139,6 +141,13 @@ class PersonalizedStrategy(Strategy):
         Share of the clients (the highest partition ids) never sampled for training: they
         are evaluated as new clients (their personal part from the algorithm's new-client
         rule) next to the trained ones.
+    robust : Aggregator or None (default: None)
+        A robust rule (``pflower.strategies.aggregators``) applied to the clients' *updates*
+        (gradients, deltas, or ``current - returned weights``), unweighted, in place of the
+        (weighted) mean. ``None``: the algorithm's own mean.
+    byzantine : int (default: 0)
+        Number f of Byzantine clients per round the robust rule must tolerate; checked
+        against the rule's breakdown point at the first round.
     min_available_nodes : int (default: 1)
         Wait until this many nodes are connected before sampling.
     """
@@ -160,6 +169,8 @@ class PersonalizedStrategy(Strategy):
         shared_names: Sequence[str] | None = None,
         seed: int = 0,
         holdout_fraction: float = 0.0,
+        robust: Aggregator | None = None,
+        byzantine: int = 0,
         min_available_nodes: int = 1,
     ) -> None:
         if not 0 < fraction_train <= 1:
@@ -194,6 +205,9 @@ class PersonalizedStrategy(Strategy):
         if not 0 <= holdout_fraction < 1:
             raise ValueError(f"holdout_fraction = {holdout_fraction}: must be in [0, 1)")
         self.holdout_fraction = holdout_fraction
+        if byzantine < 0:
+            raise ValueError(f"byzantine = {byzantine}: must be >= 0")
+        self.robust, self.byzantine = robust, byzantine
         self.min_available_nodes = min_available_nodes
         self.rng = random.Random(seed)
         self.num_rounds = 0
@@ -252,15 +266,31 @@ class PersonalizedStrategy(Strategy):
         self._log(server_round).server.update(metrics)
 
     # --- sampling and messages -------------------------------------------------------------
+    def wait_for_nodes(self, grid: Grid, timeout: float, settle: float = 1.0) -> list[int]:
+        """The connected nodes once at least ``min_available_nodes`` are and the set has not
+        changed for ``settle`` seconds (or ``timeout`` has passed)."""
+        deadline = time.monotonic() + timeout
+        nodes, since = sorted(grid.get_node_ids()), time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            now = sorted(grid.get_node_ids())
+            if now != nodes:
+                nodes, since = now, time.monotonic()
+            elif len(nodes) >= self.min_available_nodes and time.monotonic() - since >= settle:
+                break
+        return nodes
+
     def learn_partitions(self, grid: Grid, timeout: float = 60.0) -> None:
         """Ask every node for its ``partition-id`` (a ``query`` message), once; with
         ``query_num_train`` also for its number of training examples (PFLEGO's alpha).
 
         Node ids are random in each run; ordering nodes by partition id makes the seeded
         sample the same clients in every run. A node that does not answer is ordered after
-        the others by its node id.
+        the others by its node id. Waits first until the set of connected nodes has been
+        stable for ``settle`` seconds (nodes of a simulation or a federation register over a
+        moment; asking too early would leave some unordered).
         """
-        nodes = sorted(grid.get_node_ids())
+        nodes = self.wait_for_nodes(grid, timeout)
         question = "partition-id,num-train" if self.query_num_train else "partition-id"
         content = RecordDict({CONFIG: ConfigRecord({"query": question})})
         messages = [
@@ -345,12 +375,30 @@ class PersonalizedStrategy(Strategy):
         variate); none by default."""
         return {}
 
+    def check_robust(self, num_replies: int) -> None:
+        """Refuse, before training starts, a robust rule that cannot tolerate ``byzantine``."""
+        if self.robust is None:
+            if self.byzantine:
+                raise ValueError(
+                    f"key 'robust-byzantine' = {self.byzantine}: needs a robust aggregator "
+                    "('robust-aggregator'); the mean tolerates none"
+                )
+            return
+        limit = self.robust.max_byzantine(num_replies)
+        if self.byzantine > limit:
+            raise ValueError(
+                f"key 'robust-byzantine' = {self.byzantine}: {self.robust.name} over "
+                f"{num_replies} replies per round tolerates at most {max(limit, 0)}"
+            )
+
     def configure_train(self, server_round, arrays, config, grid) -> Iterable[Message]:
         self._round_start = time.perf_counter()
         if not self.pretraining(server_round):
             arrays = self._split_after_pretraining(arrays)
         self._current = arrays
         nodes = self.sample(grid, self.fraction_train, train=True)
+        if server_round == self.pretrain_rounds + 1:
+            self.check_robust(len(nodes))
         log.info("round %d: training on %d nodes", server_round, len(nodes))
         settings = {**dict(config), **self.train_config(server_round)}
         return self._messages(server_round, nodes, arrays, settings, MessageType.TRAIN)
@@ -452,13 +500,39 @@ class PersonalizedStrategy(Strategy):
     ) -> dict[str, np.ndarray]:
         """New shared parameters from the current ones and the checked updates (non-empty)."""
 
+    def combine(
+        self, vectors: list[Mapping[str, np.ndarray]], weights: Sequence[float]
+    ) -> dict[str, np.ndarray]:
+        """The clients' update vectors combined: ``weighted_mean`` or, with ``robust``, the
+        robust rule over them (unweighted; f = ``byzantine``, capped at what the rule
+        tolerates for this round's number of replies, with a warning)."""
+        if self.robust is None:
+            return weighted_mean(vectors, weights)
+        X, layout = aggregators.stack(vectors)
+        f = min(self.byzantine, max(0, self.robust.max_byzantine(len(vectors))))
+        if f < self.byzantine:
+            log.warning(
+                "%s tolerates %d of %d replies, fewer than byzantine = %d",
+                self.robust.name,
+                f,
+                len(vectors),
+                self.byzantine,
+            )
+        return aggregators.unstack(self.robust(X, f=f), layout)
+
     def average_weights(
         self, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
         """Data-size weighted mean of returned weights, applied through the server optimizer
-        as the pseudo-gradient ``current - mean`` (SGD with lr 1 gives the mean: FedAvg)."""
-        mean = weighted_mean([u.tensors for u in updates], [u.num_examples for u in updates])
-        return self.server_optimizer.step(current, {k: current[k] - mean[k] for k in current})
+        as the pseudo-gradient ``current - mean`` (SGD with lr 1 gives the mean: FedAvg). The
+        mean is taken over the updates ``current - w_i`` (the same thing), so a robust rule
+        sees updates, not raw weights."""
+        deltas = [
+            {k: current[k].astype(np.float64) - u.tensors[k] for k in current} for u in updates
+        ]
+        return self.server_optimizer.step(
+            current, self.combine(deltas, [u.num_examples for u in updates])
+        )
 
     def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
         """The round's training metrics: the replies' metrics weighted by num-examples."""
@@ -530,7 +604,28 @@ def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> d
         "shared_names": shared_names,
         "seed": cfg.seed,
         "holdout_fraction": cfg.holdout_fraction,
+        "robust": robust_aggregator(cfg),
+        "byzantine": cfg.robust_byzantine,
     }
+
+
+def robust_aggregator(cfg: Config) -> Aggregator | None:
+    """The run config's robust rule (``robust-*`` keys), or None."""
+    name = cfg.robust_aggregator
+    if name == "none":
+        return None
+    options = {
+        "trimmed-mean": {"beta": cfg.robust_trim_beta},
+        "krum": {"m": 1},
+        "multi-krum": {"m": cfg.robust_krum_m},
+        "centered-clipping": {
+            "radius": cfg.robust_clip_radius,
+            "iterations": cfg.robust_clip_iterations,
+        },
+    }.get(name, {})
+    return aggregators.make_aggregator(
+        name, bucket_size=cfg.robust_bucket_size, seed=cfg.seed, **options
+    )
 
 
 def weighted_mean(

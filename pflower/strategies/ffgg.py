@@ -57,7 +57,6 @@ from pflower.strategies.base import (
     ClientJob,
     ClientUpdate,
     PersonalizedStrategy,
-    weighted_mean,
 )
 from pflower.task import split as splits
 from pflower.task import train as training
@@ -75,8 +74,9 @@ class _GradientStrategy(PersonalizedStrategy):
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
         weights = [u.num_examples if self.weighted else 1.0 for u in updates]
-        mean = weighted_mean([u.tensors for u in updates], weights)
-        return self.server_optimizer.step(current, mean)
+        return self.server_optimizer.step(
+            current, self.combine([u.tensors for u in updates], weights)
+        )
 
     def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
         """Adds the split diagnostic: mean and max of ||Delta_m|| over the round's clients."""

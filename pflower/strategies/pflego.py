@@ -144,6 +144,10 @@ class PFLEGO(PersonalizedStrategy):
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
         sizes = [u.num_examples for u in updates]
+        if self.robust is not None:  # the robust rule over the g_i replaces the alpha-sum
+            return self.server_optimizer.step(
+                current, self.combine([u.tensors for u in updates], sizes)
+            )
         if self.alpha == "sampled":
             gradient = weighted_mean([u.tensors for u in updates], sizes)
         else:

@@ -74,7 +74,7 @@ class Scaffold(PersonalizedStrategy):
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
         ones = [1.0] * len(updates)
-        mean_delta = weighted_mean([u.tensors for u in updates], ones)
+        mean_delta = self.combine([u.tensors for u in updates], ones)
         mean_dc = weighted_mean([u.extra[CONTROL_DELTA] for u in updates], ones)
         share = len(updates) / max(self.num_nodes, len(updates))
         self.control = {
