@@ -28,3 +28,36 @@ def job_for(overrides, partition_id=0, state=None, server_round=1) -> ClientJob:
         run_config={},
     )
     return make_job(cfg, context, server_round)
+
+
+def corrupting_app(overrides, partitions, value: float):
+    """pflower's ClientApp, except that the nodes of ``partitions`` reply to training with
+    ``value`` in every entry of their arrays (a broken or Byzantine client)."""
+    import numpy as np
+    from flwr.app import Array, ArrayRecord, Message
+    from flwr.clientapp import ClientApp
+
+    from pflower.client_app import build_client_app
+
+    honest = build_client_app(overrides)
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        reply = honest(msg, context)
+        if context.node_config["partition-id"] in partitions:
+            record = reply.content["arrays"]
+            reply.content["arrays"] = ArrayRecord(
+                {k: Array(np.full_like(a.numpy(), value)) for k, a in record.items()}
+            )
+        return reply
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        return honest(msg, context)
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        return honest(msg, context)
+
+    return app

@@ -127,10 +127,8 @@ def test_stack_round_trip_and_factory():
 
 def _attacked_run(robust: dict, tmp_path):
     """FedAvg on digits, 10 clients, 2 of them replying weights of 1e6 every round."""
-    from flwr.app import Array, ArrayRecord, Context, Message
-    from flwr.clientapp import ClientApp
+    from helpers import corrupting_app
 
-    from pflower.client_app import build_client_app
     from pflower.local_grid import run_local
 
     overrides = {
@@ -146,27 +144,7 @@ def _attacked_run(robust: dict, tmp_path):
         "outputs-dir": str(tmp_path),
         **robust,
     }
-    honest = build_client_app(overrides)
-    app = ClientApp()
-
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        reply = honest(msg, context)
-        if context.node_config["partition-id"] in (0, 1):  # Byzantine: huge weights
-            record = reply.content["arrays"]
-            reply.content["arrays"] = ArrayRecord(
-                {k: Array(np.full_like(a.numpy(), 1e6)) for k, a in record.items()}
-            )
-        return reply
-
-    @app.evaluate()
-    def evaluate(msg: Message, context: Context) -> Message:
-        return honest(msg, context)
-
-    @app.query()
-    def query(msg: Message, context: Context) -> Message:
-        return honest(msg, context)
-
+    app = corrupting_app(overrides, partitions=(0, 1), value=1e6)  # Byzantine: huge weights
     return run_local(overrides, 10, client_app=app)
 
 

@@ -7,9 +7,8 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Context, Message
-from flwr.clientapp import ClientApp
 from flwr.simulation import run_simulation
+from helpers import corrupting_app
 
 from pflower.client_app import build_client_app
 from pflower.server_app import build_server_app
@@ -65,23 +64,7 @@ def test_nan_clients_are_dropped_and_the_run_completes(tmp_path):
         "evaluate-every": 2,
         "outputs-dir": str(tmp_path),
     }
-    honest = build_client_app(overrides)
-    app = ClientApp()
-
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        reply = honest(msg, context)
-        if context.node_config["partition-id"] == 0:  # a broken client: NaN everywhere
-            record = reply.content["arrays"]
-            reply.content["arrays"] = ArrayRecord(
-                {k: Array(np.full_like(a.numpy(), np.nan)) for k, a in record.items()}
-            )
-        return reply
-
-    @app.evaluate()
-    def evaluate(msg: Message, context: Context) -> Message:
-        return honest(msg, context)
-
+    app = corrupting_app(overrides, partitions=(0,), value=np.nan)  # NaN everywhere
     report = simulate(overrides, num_nodes=3, client_app=app)
     assert report.dropped == 2  # one NaN reply per round
     assert all(r.train["applied"] == 2 for r in report.rounds)
