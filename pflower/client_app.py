@@ -2,7 +2,9 @@
 
 Node config (set per SuperNode; the simulation engine sets the first two itself):
 ``partition-id`` and ``num-partitions`` choose this client's data; ``state-dir`` (optional)
-keeps personal state in a directory on the device instead of ``context.state``.
+keeps personal state in a directory on the device instead of ``context.state``;
+``byzantine`` (optional, for robustness experiments) makes the node attack
+(``pflower/attacks.py``).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from pflower import attacks
 from pflower.config import Config
 from pflower.strategies import build_run_model, get_algorithm, wire_split
 from pflower.strategies.base import ARRAYS, CONFIG, METRICS, PERSONAL_INIT, ClientJob
-from pflower.task.data import load_client_data
+from pflower.task.data import batched, dataset_info, load_client_data
 from pflower.task.split import Split, get_tensors
 from pflower.task.state import open_store
-from pflower.task.train import resolve_device
+from pflower.task.train import is_classifier, resolve_device
 
 
 @functools.lru_cache(maxsize=8)
@@ -87,12 +90,26 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
     def train(msg: Message, context: Context) -> Message:
         cfg, job, config = setup(msg, context)
         half = get_algorithm(cfg.algorithm).client
+        attack = attacks.attack_of(context.node_config)  # "none" unless a Byzantine node
+        if attack == "label-flip" and is_classifier(job.model):
+            flipped = attacks.flip_labels(job.train_loader.dataset, dataset_info(cfg).num_classes)
+            job.train_loader = batched(flipped, cfg.batch_size, True, job.train_loader.generator)
         if config.get("phase") == "pretrain":
             record, metrics = half.pretrain(job, config)
-            records = {ARRAYS: record}
+            records, key = {ARRAYS: record}, ARRAYS
         else:
             record, metrics = half.train(job, config)
-            records = record if isinstance(record, dict) else {half.reply_key: record}
+            key = half.reply_key
+            records = record if isinstance(record, dict) else {key: record}
+        if attack in attacks.UPDATE_ATTACKS:
+            records[key] = attacks.corrupt(
+                records[key],
+                msg.content[ARRAYS],
+                key == ARRAYS,
+                attack,
+                context.node_config,
+                seed=job.partition_id * 7919 + int(config.get("server-round", 0)),
+            )
         content = RecordDict({**records, METRICS: MetricRecord(metrics)})
         return Message(content=content, reply_to=msg)
 

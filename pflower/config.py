@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 #: ``local-gd``: FedAvg with full-batch gradient steps (FFGG's §3.2 baseline).
 #: ``scaffold``: Karimireddy et al. 2020; ``l2gd``: Hanzely & Richtárik 2020 (FFGG's §3.2
 #: baselines). ``pflego``: Nikoloutsopoulos et al., PFLEGO. ``apfl``: Deng et al., APFL.
+#: ``br-ffgg``: Byzantine-robust FFGG (Alg. 5): FFGG with a ``robust-aggregator``.
 ALGORITHMS = (
     "fedavg",
     "fedavg-ft",
@@ -38,6 +39,7 @@ ALGORITHMS = (
     "l2gd",
     "pflego",
     "apfl",
+    "br-ffgg",
 )
 APFL_MIXINGS = ("parameters", "outputs")
 ROBUST_AGGREGATORS = (
@@ -211,6 +213,12 @@ class Config(BaseModel):
         _one_of("pflego-alpha", self.pflego_alpha, PFLEGO_ALPHAS)
         _one_of("apfl-mixing", self.apfl_mixing, APFL_MIXINGS)
         _one_of("robust-aggregator", self.robust_aggregator, ROBUST_AGGREGATORS)
+        if self.algorithm == "br-ffgg" and self.robust_aggregator == "none":
+            raise ConfigError(
+                "key 'robust-aggregator' = 'none': br-ffgg steps with a robust aggregate; "
+                f"choose one of {ROBUST_AGGREGATORS[1:]} (with 'robust-bucket-size' = 2 for "
+                "the agnostic robust rules of the paper's Def. 2)"
+            )
         _one_of("apfl-weighting", self.apfl_weighting, FFGG_WEIGHTINGS)
         _one_of("lr-schedule", self.lr_schedule, LR_SCHEDULES)
         _one_of("ffgg-init", self.ffgg_init, FFGG_INITS)

@@ -49,7 +49,10 @@ WIRE_CASES = [
 
 
 # what some algorithms need besides the shared arrays: run config, round config, records
-RUN_EXTRA = {"l2gd": {"fraction-train": 1.0, "local-steps": 5}}
+RUN_EXTRA = {
+    "l2gd": {"fraction-train": 1.0, "local-steps": 5},
+    "br-ffgg": {"robust-aggregator": "median"},
+}
 ROUND_EXTRA = {
     "l2gd": {"l2gd-mix": 0.5, "l2gd-steps": 2},
     "pflego": {"pflego-head-lr": 0.1},

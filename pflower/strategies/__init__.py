@@ -90,6 +90,8 @@ ALGORITHMS: dict[str, Algorithm] = {
     "pflego": Algorithm(pflego_strategy, PFLEGOClient()),
     # APFL sends the whole global copy w; v and alpha (a whole model) stay on the client
     "apfl": Algorithm(apfl_strategy, APFLClient(), "none", "full"),
+    # BR-FFGG (Alg. 5): FFGG's clients, the server steps with the robust rule of the config
+    "br-ffgg": Algorithm(ffgg_strategy, FFGGClient()),
 }
 
 

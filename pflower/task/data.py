@@ -401,8 +401,8 @@ def load_client_data(
     train = TensorDataset(torch.from_numpy(a.x_train), torch.from_numpy(a.y_train))
     test = TensorDataset(torch.from_numpy(a.x_test), torch.from_numpy(a.y_test))
     return (
-        _batched(train, cfg.batch_size, shuffle=True, generator=generator),
-        _batched(test, cfg.eval_batch_size),
+        batched(train, cfg.batch_size, shuffle=True, generator=generator),
+        batched(test, cfg.eval_batch_size),
     )
 
 
@@ -421,7 +421,7 @@ class _IndexBatches(Sampler):
         return -(-self.n // self.batch_size)
 
 
-def _batched(dataset: TensorDataset, batch_size: int, shuffle=False, generator=None):
+def batched(dataset: TensorDataset, batch_size: int, shuffle=False, generator=None):
     """A loader that slices whole minibatches out of the tensors (``tensor[indices]``).
 
     The default DataLoader fetches examples one by one and stacks them: for the in-memory
