@@ -34,6 +34,7 @@ and IPM break them), bucketing + any of them and centered clipping are.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -67,16 +68,18 @@ def _gram_distances(X: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
     return (sq[:, None] + sq[None, :] - 2 * gram).clamp_min(0)
 
 
-class Aggregator:
+class Aggregator(ABC):
     """A rule ``X (N x d) -> (d,)``; ``f`` is the number of Byzantine inputs assumed."""
 
     name = "aggregator"
 
+    @abstractmethod
     def max_byzantine(self, n: int) -> int:
-        raise NotImplementedError
+        """The largest number of Byzantine inputs among ``n`` this rule tolerates."""
 
+    @abstractmethod
     def aggregate(self, X: torch.Tensor, f: int) -> torch.Tensor:
-        raise NotImplementedError
+        """The rule itself, on a checked stack."""
 
     def __call__(self, X: torch.Tensor, f: int = 0) -> torch.Tensor:
         if X.ndim != 2 or X.shape[0] == 0:
