@@ -25,29 +25,31 @@ fine-tune it one epoch with w fixed (eq. 17), then are evaluated.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+from _pool import run_pool
 
 APFL = {"algorithm": "apfl", "local-steps": 20, "lr": 0.1, "apfl-lr-decay": 0.999}
 FEDAVG = {**APFL, "apfl-alpha": 0.0, "apfl-adaptive": False}
 LOCAL = {"algorithm": "local", "local-steps": 20, "lr": 0.1}
 
+MNIST_2C = {
+    "dataset": "mnist-5k",
+    "partitioner": "pathological",
+    "classes-per-client": 2,
+    "model": "mlp",
+    "batch-size": 20,
+    "fraction-train": 0.2,
+    "finetune-epochs": 1,
+}
+
 TABLES = {
     "mnist": {
-        "common": {
-            "dataset": "mnist-5k",
-            "partitioner": "pathological",
-            "classes-per-client": 2,
-            "model": "mlp",
-            "batch-size": 20,
-            "fraction-train": 0.2,
-            "finetune-epochs": 1,
-        },
+        "common": MNIST_2C,
         "clients": 50,
         "settings": {"MNIST 2 classes": {}},
         "methods": {
@@ -62,16 +64,7 @@ TABLES = {
     },
     # Fig. 6 analogue: 20% of the clients never train and are evaluated as new clients
     "newclients": {
-        "common": {
-            "dataset": "mnist-5k",
-            "partitioner": "pathological",
-            "classes-per-client": 2,
-            "model": "mlp",
-            "batch-size": 20,
-            "fraction-train": 0.2,
-            "finetune-epochs": 1,
-            "holdout-fraction": 0.2,
-        },
+        "common": {**MNIST_2C, "holdout-fraction": 0.2},
         "clients": 50,
         "settings": {"MNIST 2 classes, 10 of 50 clients held out": {}},
         "methods": {
@@ -183,6 +176,10 @@ def table(results: list[dict], name: str, args) -> str:
     return "\n".join(lines)
 
 
+def _label(r: dict) -> str:
+    return f"{r['setting']} | {r['method']} | seed {r['seed']}: {r['personal']}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", choices=list(TABLES), default="mnist")
@@ -201,19 +198,14 @@ def main() -> None:
         for method in args.methods or spec["methods"]
         for seed in args.seeds
     ]
-    results = []
-    with ProcessPoolExecutor(args.workers) as pool:
-        for result in pool.map(one, jobs):
-            results.append(result)
-            print(
-                result["setting"],
-                result["method"],
-                result["seed"],
-                result["personal"],
-                f"{result['seconds']:.0f} s",
-                flush=True,
-            )
-            (out / "results.json").write_text(json.dumps({"args": vars(args), "runs": results}))
+    results = run_pool(
+        one,
+        jobs,
+        args.workers,
+        out,
+        {"args": vars(args)},
+        _label,
+    )
     text = table(results, args.table, args)
     (out / "table.md").write_text(text + "\n")
     print(text)

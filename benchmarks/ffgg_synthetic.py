@@ -22,10 +22,10 @@ import json
 import logging
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from _pool import run_pool
 
 
 def problem(args) -> dict:
@@ -163,6 +163,10 @@ def table(results: list[dict], consts: dict, args) -> str:
     return "\n".join(lines)
 
 
+def _label(r: dict) -> str:
+    return f"1{r['figure']} | {r['method']} | tau {r['tau']}: {r['theta_error'][-1]:.3e}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=32)
@@ -182,21 +186,14 @@ def main() -> None:
     consts = problem(args)
     print(json.dumps(consts), flush=True)
     jobs = [(*job, args.clients) for job in runs(args, consts)]
-    results = []
-    with ProcessPoolExecutor(args.workers) as pool:
-        for result in pool.map(one, jobs):
-            results.append(result)
-            print(
-                result["figure"],
-                result["method"],
-                result["tau"],
-                result["theta_error"][-1],
-                f"{result['seconds']:.0f} s",
-                flush=True,
-            )
-            (out / "results.json").write_text(
-                json.dumps({"args": vars(args), "constants": consts, "runs": results})
-            )
+    results = run_pool(
+        one,
+        jobs,
+        args.workers,
+        out,
+        {"args": vars(args), "constants": consts},
+        _label,
+    )
     plot(results, out)
     (out / "table.md").write_text(table(results, consts, args) + "\n")
     print(table(results, consts, args))

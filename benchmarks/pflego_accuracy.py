@@ -16,13 +16,13 @@ the accuracy pooled over test examples, mean ± std over seeds.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+from _pool import run_pool
 
 SETTINGS = {"High (2 classes)": 2, "Medium (5 classes)": 5, "No (10 classes)": 10}
 
@@ -105,6 +105,10 @@ def table(results: list[dict], args) -> str:
     return "\n".join(lines)
 
 
+def _label(r: dict) -> str:
+    return f"{r['setting']} | {r['method']} | seed {r['seed']}: {100 * r['accuracy']:.2f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
@@ -122,19 +126,14 @@ def main() -> None:
         for method in args.methods
         for seed in args.seeds
     ]
-    results = []
-    with ProcessPoolExecutor(args.workers) as pool:
-        for result in pool.map(one, jobs):
-            results.append(result)
-            print(
-                result["setting"],
-                result["method"],
-                result["seed"],
-                f"{100 * result['accuracy']:.2f}",
-                f"{result['seconds']:.0f} s",
-                flush=True,
-            )
-            (out / "results.json").write_text(json.dumps({"args": vars(args), "runs": results}))
+    results = run_pool(
+        one,
+        jobs,
+        args.workers,
+        out,
+        {"args": vars(args)},
+        _label,
+    )
     text = table(results, args)
     (out / "table.md").write_text(text + "\n")
     print(text)
