@@ -10,20 +10,51 @@ then corrupt its reply (or, for ``label-flip``, train on corrupted labels):
 - ``wrong-shape``: the first tensor gets one extra entry;
 - ``label-flip``: trains on labels ``C - 1 - y`` (classifiers only).
 
-Attacks that need the honest clients' updates (ALIE, IPM) are not client-side; they are not
-implemented here yet. Off by default: a node without ``byzantine`` is honest.
+Attacks that need the honest clients' updates are simulated on the server (an *omniscient*
+adversary that sees every honest reply of the round; off by default):
+
+- ``alie`` ("A little is enough", Baruch et al. 2019): every Byzantine sends mu - z sigma, the
+  coordinate-wise mean and standard deviation of the honest updates, with
+  z = Phi^-1((n - s) / n), s = floor(n/2 + 1) - f for n replies of which f Byzantine (or the
+  node config's ``byzantine-z``); small enough to hide inside the honest spread, so median- and
+  distance-based rules pick it, and all Byzantines send the same vector (they collude);
+- ``ipm`` (inner-product manipulation, Xie et al. 2020): every Byzantine sends -epsilon mu
+  (``byzantine-epsilon``, default 0.1), which makes the inner product of the aggregate with the
+  true mean negative when enough of them get through.
+
+Such a node trains honestly and tags its reply (metric ``byzantine-omniscient``); the strategy,
+built with ``attack_simulation=True`` (run config ``attack-simulation = true``), replaces the
+tagged replies with the attack vector computed from the untagged ones, in update space. Without
+it the node refuses to run: a real client cannot see the others' updates, and an ALIE node that
+silently behaved honestly would make a robustness table lie. Off by default: a node without
+``byzantine`` is honest.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from statistics import NormalDist
 
 import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord
 from torch.utils.data import TensorDataset
 
-ATTACKS = ("none", "sign-flip", "gaussian", "nan", "inf", "wrong-shape", "label-flip")
+ATTACKS = (
+    "none",
+    "sign-flip",
+    "gaussian",
+    "nan",
+    "inf",
+    "wrong-shape",
+    "label-flip",
+    "alie",
+    "ipm",
+)
 UPDATE_ATTACKS = ("sign-flip", "gaussian", "nan", "inf", "wrong-shape")
+#: attacks simulated on the server; the reply's metric OMNISCIENT_KEY names which
+OMNISCIENT = {"alie": 1, "ipm": 2}
+OMNISCIENT_KEY = "byzantine-omniscient"
 
 
 def attack_of(node_config: Mapping) -> str:
@@ -32,6 +63,43 @@ def attack_of(node_config: Mapping) -> str:
     if attack not in ATTACKS:
         raise ValueError(f"node config 'byzantine' = {attack!r}: must be one of {ATTACKS}")
     return attack
+
+
+def omniscient_tag(attack: str, node_config: Mapping, attack_simulation: bool) -> dict:
+    """The metrics an ALIE / IPM node adds to its honest reply (empty for other nodes)."""
+    if attack not in OMNISCIENT:
+        return {}
+    if not attack_simulation:
+        raise ValueError(
+            f"node config 'byzantine' = {attack!r} needs the honest clients' updates: set the run "
+            "config 'attack-simulation' = true (the server then simulates the omniscient "
+            "adversary); a real client cannot see them"
+        )
+    return {
+        OMNISCIENT_KEY: OMNISCIENT[attack],
+        "byzantine-z": float(node_config.get("byzantine-z", 0.0)),
+        "byzantine-epsilon": float(node_config.get("byzantine-epsilon", 0.1)),
+    }
+
+
+def alie_z(n: int, f: int) -> float:
+    """Baruch et al.'s z_max for n inputs of which f Byzantine: the largest z such that the
+    Byzantine vector is still closer to the mean than s = floor(n/2 + 1) - f honest inputs."""
+    s = n // 2 + 1 - f
+    return NormalDist().inv_cdf((n - s) / n)
+
+
+def alie(honest: torch.Tensor, n: int, f: int, z: float = 0.0) -> torch.Tensor:
+    """ALIE's vector mu - z sigma over the honest rows (coordinate-wise; sigma unbiased);
+    ``z`` = 0 means Baruch et al.'s z_max for n replies of which f Byzantine."""
+    z = z or alie_z(n, f)
+    std = honest.std(dim=0) if len(honest) > 1 else torch.zeros_like(honest[0])
+    return honest.mean(dim=0) - z * std
+
+
+def ipm(honest: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """IPM's vector -epsilon times the honest mean."""
+    return -epsilon * honest.mean(dim=0)
 
 
 def corrupt(

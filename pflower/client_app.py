@@ -110,6 +110,11 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
                 context.node_config,
                 seed=job.partition_id * 7919 + int(config.get("server-round", 0)),
             )
+        # ALIE / IPM: an honest reply, tagged for the server's attack simulation
+        metrics = {
+            **metrics,
+            **attacks.omniscient_tag(attack, context.node_config, cfg.attack_simulation),
+        }
         content = RecordDict({**records, METRICS: MetricRecord(metrics)})
         return Message(content=content, reply_to=msg)
 

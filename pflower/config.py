@@ -195,6 +195,9 @@ class Config(BaseModel):
     robust_krum_m: int = Field(3, alias="robust-krum-m", ge=1)
     robust_clip_radius: float = Field(1.0, alias="robust-clip-radius", gt=0)
     robust_clip_iterations: int = Field(3, alias="robust-clip-iterations", ge=1)
+    #: robustness experiments only: the server simulates the omniscient ALIE / IPM adversary
+    #: for nodes whose node config says byzantine = 'alie' / 'ipm' (pflower/attacks.py)
+    attack_simulation: bool = Field(False, alias="attack-simulation")
 
     # --- run -------------------------------------------------------------------------------
     seed: int = 0

@@ -98,3 +98,80 @@ def test_label_flip_trains_on_flipped_labels():
     byz = {i: {"byzantine": "label-flip"} for i in (0, 1)}
     report = run_local({**BASE, "algorithm": "fedavg", "split": "none"}, 5, node_configs=byz)
     assert report.final["clients"] == 5
+
+
+# --- omniscient attacks (ALIE, IPM), simulated on the server ---------------------------------
+
+
+def test_alie_z_is_baruch_et_al_z_max():
+    # Baruch et al. 2019, Sec. 3: n = 50 workers, m = 24 corrupted -> s = 2, z_max = 1.75
+    # (Phi(z) = 48/50 = 0.96: Phi(1.75) = 0.9599 by any normal table).
+    assert attacks.alie_z(50, 24) == pytest.approx(1.7507, abs=1e-4)
+    # n = 20, f = 4: s = 7, Phi(z) = 13/20 = 0.65 -> z = 0.3853
+    assert attacks.alie_z(20, 4) == pytest.approx(0.3853, abs=1e-4)
+
+
+def test_alie_and_ipm_vectors_by_hand():
+    import torch
+
+    honest = torch.tensor([[1.0, 0.0], [3.0, 0.0], [5.0, 6.0]])
+    # mean (3, 2), unbiased std (2, sqrt(12)); z = 1.5
+    np.testing.assert_allclose(
+        attacks.alie(honest, 5, 2, z=1.5).numpy(), [3 - 3.0, 2 - 1.5 * 12**0.5], rtol=1e-6
+    )
+    np.testing.assert_allclose(attacks.ipm(honest, 0.5).numpy(), [-1.5, -1.0])
+
+
+def test_omniscient_nodes_refuse_without_the_simulation():
+    assert attacks.omniscient_tag("sign-flip", {}, False) == {}
+    with pytest.raises(ValueError, match="attack-simulation"):
+        attacks.omniscient_tag("alie", {}, False)
+    tag = attacks.omniscient_tag("ipm", {"byzantine-epsilon": 2.0}, True)
+    assert (
+        tag[attacks.OMNISCIENT_KEY] == attacks.OMNISCIENT["ipm"] and tag["byzantine-epsilon"] == 2
+    )
+
+
+def _update(node, value, tag=None, **extra):
+    from pflower.strategies.base import ClientUpdate
+
+    metrics = {"num-examples": 10.0, **({attacks.OMNISCIENT_KEY: tag} if tag else {}), **extra}
+    return ClientUpdate(node, {"w": np.asarray(value, np.float32)}, metrics)
+
+
+@pytest.mark.parametrize("returns_weights", [True, False])
+def test_server_replaces_tagged_replies_in_update_space(returns_weights):
+    from pflower.strategies.fedavg import FedAvg
+    from pflower.strategies.ffgg import FFGG
+
+    strategy = (FedAvg if returns_weights else FFGG)(attack_simulation=True)
+    current = {"w": np.asarray([10.0, 10.0], np.float32)}
+    honest = [[1.0, 2.0], [3.0, 2.0], [5.0, 8.0]]  # updates u_i
+    sent = [(np.subtract(current["w"], u) if returns_weights else u) for u in honest]
+    updates = [_update(i, v) for i, v in enumerate(sent)]
+    updates += [
+        _update(7, sent[0], tag=1, **{"byzantine-z": 1.0}),
+        _update(8, sent[1], tag=2, **{"byzantine-epsilon": 0.5}),
+    ]
+    out = strategy.simulate_omniscient(1, current, updates)
+    assert [u.node_id for u in out] == [0, 1, 2, 7, 8]
+    # ALIE, z = 1: mean (3, 4) - std (2, sqrt(12)); IPM: -0.5 * (3, 4)
+    want = {7: [1.0, 4 - 12**0.5], 8: [-1.5, -2.0]}
+    for u in out[3:]:
+        got = current["w"] - u.tensors["w"] if returns_weights else u.tensors["w"]
+        np.testing.assert_allclose(got, want[u.node_id], rtol=1e-5)
+        assert attacks.OMNISCIENT_KEY not in u.metrics and u.tensors["w"].dtype == np.float32
+    # without the simulation the server drops tagged replies rather than trust them
+    plain = (FedAvg if returns_weights else FFGG)()
+    assert [u.node_id for u in plain.simulate_omniscient(1, current, updates)] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("attack", ["alie", "ipm"])
+def test_omniscient_attack_end_to_end(attack):
+    byz = {0: {"byzantine": attack, "byzantine-epsilon": 0.1}, 1: {"byzantine": attack}}
+    common = {**BASE, "algorithm": "fedalt", "robust-aggregator": "median", "robust-byzantine": 2}
+    report = run_local({**common, "attack-simulation": True}, 6, node_configs=byz)
+    assert all(r.train["applied"] == 6 for r in report.rounds if r.train)
+    # a node told to be ALIE without the simulation errors; its reply is dropped, run goes on
+    refused = run_local(common, 6, node_configs=byz)
+    assert refused.dropped == 2 * 3

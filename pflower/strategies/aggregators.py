@@ -258,14 +258,20 @@ def make_aggregator(name: str, **options) -> Aggregator:
 
 
 def stack(updates: Sequence[Mapping[str, np.ndarray]]) -> tuple[torch.Tensor, list]:
-    """Flatten each client's named arrays into one row of an N x d float32 tensor; returns
-    the stack and the (name, shape, dtype) layout to undo it."""
+    """Flatten each client's named arrays into one row of an N x d float tensor (filled in
+    place: no second copy of the stack); returns
+    the stack and the (name, shape, dtype) layout to undo it (float64 if any array is: the
+    synthetic-linear experiments go below float32's resolution)."""
     layout = [(k, a.shape, a.dtype) for k, a in updates[0].items()]
-    rows = [
-        np.concatenate([np.asarray(u[k], np.float32).ravel() for k, _, _ in layout])
-        for u in updates
-    ]
-    return torch.from_numpy(np.stack(rows)), layout
+    sizes = [int(np.prod(shape)) for _, shape, _ in layout]
+    wide = any(np.dtype(dtype) == np.float64 for _, _, dtype in layout)
+    out = np.empty((len(updates), sum(sizes)), np.float64 if wide else np.float32)
+    for row, u in zip(out, updates):
+        i = 0
+        for (k, _, _), size in zip(layout, sizes):
+            row[i : i + size] = np.asarray(u[k]).ravel()
+            i += size
+    return torch.from_numpy(out), layout
 
 
 def unstack(vector: torch.Tensor, layout: list) -> dict[str, np.ndarray]:

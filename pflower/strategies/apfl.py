@@ -67,9 +67,7 @@ class APFL(PersonalizedStrategy):
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
         weights = [u.num_examples if self.weighted else 1.0 for u in updates]
-        deltas = [
-            {k: current[k].astype(np.float64) - u.tensors[k] for k in current} for u in updates
-        ]
+        deltas = self.deltas(current, updates)
         return self.server_optimizer.step(current, self.combine(deltas, weights))
 
     def train_config(self, server_round: int) -> dict:

@@ -43,6 +43,7 @@ from flwr.serverapp.strategy import Strategy
 from torch import nn
 from torch.utils.data import DataLoader
 
+from pflower import attacks
 from pflower.config import Config
 from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator
@@ -148,6 +149,10 @@ class PersonalizedStrategy(Strategy):
     byzantine : int (default: 0)
         Number f of Byzantine clients per round the robust rule must tolerate; checked
         against the rule's breakdown point at the first round.
+    attack_simulation : bool (default: False)
+        **Attack simulation, for robustness experiments only**: replies tagged by ALIE / IPM
+        nodes (``pflower.attacks``) are replaced by the omniscient adversary's vector,
+        computed from the round's honest replies. Off: tagged replies are dropped.
     min_available_nodes : int (default: 1)
         Wait until this many nodes are connected before sampling.
     """
@@ -171,6 +176,7 @@ class PersonalizedStrategy(Strategy):
         holdout_fraction: float = 0.0,
         robust: Aggregator | None = None,
         byzantine: int = 0,
+        attack_simulation: bool = False,
         min_available_nodes: int = 1,
     ) -> None:
         if not 0 < fraction_train <= 1:
@@ -208,6 +214,7 @@ class PersonalizedStrategy(Strategy):
         if byzantine < 0:
             raise ValueError(f"byzantine = {byzantine}: must be >= 0")
         self.robust, self.byzantine = robust, byzantine
+        self.attack_simulation = attack_simulation
         self.min_available_nodes = min_available_nodes
         self.rng = random.Random(seed)
         self.num_rounds = 0
@@ -527,12 +534,68 @@ class PersonalizedStrategy(Strategy):
         as the pseudo-gradient ``current - mean`` (SGD with lr 1 gives the mean: FedAvg). The
         mean is taken over the updates ``current - w_i`` (the same thing), so a robust rule
         sees updates, not raw weights."""
-        deltas = [
-            {k: current[k].astype(np.float64) - u.tensors[k] for k in current} for u in updates
-        ]
+        deltas = self.deltas(current, updates)
         return self.server_optimizer.step(
             current, self.combine(deltas, [u.num_examples for u in updates])
         )
+
+    def deltas(
+        self, current: dict[str, np.ndarray], updates: list[ClientUpdate]
+    ) -> list[dict[str, np.ndarray]]:
+        """The updates ``current - w_i``: in float64 for the exact mean, in the model's dtype
+        for a robust rule (N x d float64 copies of a large model would not fit)."""
+        wide = self.robust is None
+        return [
+            {
+                k: (current[k].astype(np.float64) if wide else current[k]) - u.tensors[k]
+                for k in current
+            }
+            for u in updates
+        ]
+
+    def simulate_omniscient(
+        self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
+    ) -> list[ClientUpdate]:
+        """Attack simulation (``attack_simulation``): replace the replies that ALIE / IPM nodes
+        tagged by the omniscient adversary's vector over this round's untagged replies. The
+        attack acts in update space (``current - w`` for strategies that return weights)."""
+        tagged = [u for u in updates if attacks.OMNISCIENT_KEY in u.metrics]
+        if not tagged:
+            return updates
+        if not self.attack_simulation:  # a tag the server was not told to honour
+            for u in tagged:
+                self._drop(
+                    server_round, u.node_id, "omniscient-attack tag without attack-simulation"
+                )
+            return [u for u in updates if attacks.OMNISCIENT_KEY not in u.metrics]
+        honest = [u for u in updates if attacks.OMNISCIENT_KEY not in u.metrics]
+        if not honest:
+            log.warning("round %d: attack simulation has no honest reply to attack", server_round)
+            return honest
+        weights = self.pretraining(server_round) or self.reply_key == ARRAYS
+        rows = [
+            {k: current[k] - u.tensors[k] for k in current} if weights else u.tensors
+            for u in honest
+        ]
+        X, layout = aggregators.stack(rows)
+        out = []
+        for u in updates:
+            metrics = dict(u.metrics)
+            code = metrics.pop(attacks.OMNISCIENT_KEY, None)
+            z, eps = metrics.pop("byzantine-z", 0.0), metrics.pop("byzantine-epsilon", 0.1)
+            if code is None:
+                out.append(u)
+                continue
+            if code == attacks.OMNISCIENT["alie"]:
+                vector = attacks.alie(X, len(updates), len(tagged), z)
+            else:
+                vector = attacks.ipm(X, eps)
+            bad = aggregators.unstack(vector, layout)
+            if weights:
+                bad = {k: (current[k] - bad[k]).astype(current[k].dtype) for k in bad}
+            out.append(ClientUpdate(u.node_id, bad, metrics, u.extra))
+        log.info("round %d: attack simulation replaced %d replies", server_round, len(tagged))
+        return out
 
     def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
         """The round's training metrics: the replies' metrics weighted by num-examples."""
@@ -543,6 +606,8 @@ class PersonalizedStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
         updates = self.check_train_replies(server_round, replies)
+        current = {k: a.numpy() for k, a in self._current.items()}
+        updates = self.simulate_omniscient(server_round, current, updates)
         entry = self._log(server_round)
         entry.seconds = time.perf_counter() - self._round_start
         metrics = {
@@ -556,7 +621,6 @@ class PersonalizedStrategy(Strategy):
             )
             entry.train = metrics
             return self._current, MetricRecord(metrics)
-        current = {k: a.numpy() for k, a in self._current.items()}
         if self.pretraining(server_round):
             new = weighted_mean([u.tensors for u in updates], [u.num_examples for u in updates])
         else:
@@ -606,6 +670,7 @@ def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> d
         "holdout_fraction": cfg.holdout_fraction,
         "robust": robust_aggregator(cfg),
         "byzantine": cfg.robust_byzantine,
+        "attack_simulation": cfg.attack_simulation,
     }
 
 

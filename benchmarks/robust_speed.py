@@ -1,0 +1,180 @@
+"""Speed and memory of one robust aggregation at ResNet-18 size, pflower vs Flower's strategies.
+
+N client replies of a ResNet-18 (CIFAR-10 head, d = 11.2 M float32 parameters, 62 tensors) are
+aggregated by Flower's own ``MultiKrum``, ``FedMedian`` and ``FedTrimmedAvg`` and by pflower's
+``RobustFedAvg`` with the corresponding rules (and the rules Flower lacks), each through the
+strategy's ``aggregate_train`` on the same replies; calls interleaved, median of ``--repeats``,
+so the ratios come from one run. Flower's FedMedian / FedTrimmedAvg consume the replies' arrays,
+so the replies are rebuilt (untimed) before every call.
+
+``--memory``: for each pflower rule, a fresh process aggregates N replies and reports its peak
+resident memory (ru_maxrss) and the replies' own size.
+
+    python benchmarks/robust_speed.py --repeats 3 --out benchmarks/results/robust-speed.md
+    python benchmarks/robust_speed.py --clients 100 --memory \
+        --out benchmarks/results/robust-memory.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torchvision
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedMedian, FedTrimmedAvg, MultiKrum
+from flwr.supercore.task_identity import TaskIdentity
+
+from pflower.strategies.aggregators import make_aggregator
+from pflower.strategies.robust_fedavg import RobustFedAvg
+
+F = 5  # assumed Byzantine replies for Krum
+
+
+def layout() -> dict[str, tuple]:
+    model = torchvision.models.resnet18(num_classes=10)
+    return {k: tuple(p.shape) for k, p in model.named_parameters()}
+
+
+def replies(n: int, shapes: dict, seed: int = 0) -> list[Message]:
+    if TaskIdentity._run_id is None:  # messages need a task identity (the SuperLink's)
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        record = ArrayRecord(
+            {k: Array(rng.standard_normal(s, dtype=np.float32)) for k, s in shapes.items()}
+        )
+        content = RecordDict({"arrays": record, "metrics": MetricRecord({"num-examples": 10})})
+        msg = Message(content=content, dst_node_id=i + 1, message_type="train")
+        out.append(Message(content=content, reply_to=msg))
+    return out
+
+
+def current(shapes: dict) -> ArrayRecord:
+    return ArrayRecord({k: Array(np.zeros(s, np.float32)) for k, s in shapes.items()})
+
+
+def ours(name: str, n: int, **options) -> RobustFedAvg:
+    return RobustFedAvg(aggregator=make_aggregator(name, **options), byzantine=F)
+
+
+def contenders(n: int) -> dict:
+    return {
+        "Flower MultiKrum (m=1)": lambda: MultiKrum(num_malicious_nodes=F, num_nodes_to_select=1),
+        "pflower krum": lambda: ours("krum", n),
+        "Flower MultiKrum (m=10)": lambda: MultiKrum(num_malicious_nodes=F, num_nodes_to_select=10),
+        "pflower multi-krum (m=10)": lambda: ours("multi-krum", n, m=10),
+        "Flower FedMedian": lambda: FedMedian(),
+        "pflower median": lambda: ours("median", n),
+        "Flower FedTrimmedAvg (beta=0.1)": lambda: FedTrimmedAvg(beta=0.1),
+        "pflower trimmed-mean (beta=0.1)": lambda: ours("trimmed-mean", n, beta=0.1),
+        "pflower geometric-median": lambda: ours("geometric-median", n),
+        "pflower centered-clipping": lambda: ours("centered-clipping", n),
+        "pflower bucketing(2) + median": lambda: ours("median", n, bucket_size=2),
+        "pflower mean": lambda: ours("mean", n),
+    }
+
+
+def aggregate_once(strategy, msgs: list[Message], shapes: dict) -> float:
+    if isinstance(strategy, RobustFedAvg):
+        strategy._current = current(shapes)  # what configure_train would have kept
+    start = time.perf_counter()
+    arrays, _ = strategy.aggregate_train(1, msgs)
+    seconds = time.perf_counter() - start
+    assert arrays is not None
+    return seconds
+
+
+def speed(args) -> str:
+    shapes = layout()
+    d = sum(int(np.prod(s)) for s in shapes.values())
+    table = contenders(args.clients)
+    times: dict[str, list[float]] = {k: [] for k in table}
+    for rep in range(args.repeats):
+        for name, make in table.items():
+            msgs = replies(args.clients, shapes, seed=rep)
+            times[name].append(aggregate_once(make(), msgs, shapes))
+            print(f"{name}: {times[name][-1]:.2f} s", flush=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    lines = [
+        f"One aggregation, N = {args.clients} replies of ResNet-18 (d = {d:,} float32), through "
+        f"each strategy's aggregate_train; median of {args.repeats} interleaved calls.",
+        "",
+        "| strategy | seconds | Flower / pflower |",
+        "|---|---:|---:|",
+    ]
+    pairs = {
+        "pflower krum": "Flower MultiKrum (m=1)",
+        "pflower multi-krum (m=10)": "Flower MultiKrum (m=10)",
+        "pflower median": "Flower FedMedian",
+        "pflower trimmed-mean (beta=0.1)": "Flower FedTrimmedAvg (beta=0.1)",
+    }
+    for name, t in med.items():
+        ratio = f"{med[pairs[name]] / t:.1f}x" if name in pairs else ""
+        lines.append(f"| {name} | {t:.2f} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def memory_child(rule: str, n: int) -> None:
+    shapes = layout()
+    msgs = replies(n, shapes)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB, after building replies
+    name, _, bucket = rule.partition("+b")
+    strategy = ours(name, n, bucket_size=int(bucket or 0))
+    seconds = aggregate_once(strategy, msgs, shapes)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(
+        json.dumps({"rule": rule, "base_gb": base / 2**20, "peak_gb": peak / 2**20, "s": seconds})
+    )
+
+
+def memory(args) -> str:
+    shapes = layout()
+    d = sum(int(np.prod(s)) for s in shapes.values())
+    rules = ["mean", "median", "trimmed-mean", "krum", "geometric-median", "centered-clipping"]
+    rules.append("median+b2")
+    lines = [
+        f"Peak resident memory of one aggregation, N = {args.clients} x d = {d:,} float32 "
+        f"(the replies alone: {args.clients * d * 4 / 2**30:.1f} GiB), one process per rule.",
+        "",
+        "| rule | after building the replies (GiB) | peak (GiB) | seconds |",
+        "|---|---:|---:|---:|",
+    ]
+    for rule in rules:
+        cmd = [sys.executable, __file__, "--child", rule, "--clients", str(args.clients)]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        row = json.loads(out.strip().splitlines()[-1])
+        print(row, flush=True)
+        lines.append(f"| {rule} | {row['base_gb']:.1f} | {row['peak_gb']:.1f} | {row['s']:.1f} |")
+    total = subprocess.run(["free", "-g"], capture_output=True, text=True).stdout.split("\n")[1]
+    lines += ["", f"Machine memory (free -g): `{' '.join(total.split())}`"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if args.child:
+        memory_child(args.child, args.clients)
+        return
+    text = memory(args) if args.memory else speed(args)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""pflower's robust aggregators inside a plain Flower project: ``RobustFedAvg``.
+
+A drop-in replacement for ``flwr.serverapp.strategy.FedAvg`` (same constructor, same messages,
+so the ClientApp is unchanged) whose ``aggregate_train`` applies a robust rule of
+``pflower.strategies.aggregators`` to the clients' *updates* ``current - w_i`` and returns
+``current - rule(updates)``::
+
+    from pflower.strategies.aggregators import make_aggregator
+    from pflower.strategies.robust_fedavg import RobustFedAvg
+
+    strategy = RobustFedAvg(
+        aggregator=make_aggregator("median", bucket_size=2),  # bucketing + coordinate median
+        byzantine=2,  # tolerate 2 Byzantine replies per round (checked against the rule)
+        fraction_train=1.0,
+    )
+    result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=10)
+
+Unlike Flower's own ``FedMedian``, ``FedTrimmedAvg`` and ``MultiKrum``, which act on the raw
+weights and raise on the first inconsistent reply (the whole round is skipped), a reply that is
+an error, lacks the ArrayRecord, has other names, shapes or dtypes than the model, or carries a
+NaN / Inf is dropped and counted (``dropped``, per reason) and the round goes on with the
+others. With ``aggregator = Mean()`` the result equals FedAvg's unweighted mean; the rules are
+unweighted (a Byzantine client could claim any ``num-examples``).
+
+``RobustAggregation`` is the mixin behind it: put it first in the bases of any strategy whose
+``aggregate_train`` is FedAvg's (e.g. ``class RobustFedProx(RobustAggregation, FedProx)``).
+Strategies that post-process FedAvg's aggregate (FedAdam, FedYogi, ...) are not covered.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from flwr.serverapp.strategy import FedAvg
+
+from pflower.strategies import aggregators
+from pflower.strategies.aggregators import Aggregator
+
+log = logging.getLogger(__name__)
+
+
+class RobustAggregation:
+    """Mixin: robust aggregation of updates for FedAvg-like Flower strategies."""
+
+    def __init__(self, *args, aggregator: Aggregator, byzantine: int = 0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if byzantine < 0:
+            raise ValueError(f"byzantine = {byzantine}: must be >= 0")
+        self.aggregator, self.byzantine = aggregator, byzantine
+        self.dropped: dict[str, int] = {}  # reason -> count, over the run
+        self._current: ArrayRecord | None = None
+
+    def configure_train(self, server_round, arrays, config, grid):
+        self._current = arrays  # the model the clients start from: updates are relative to it
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def _drop(self, node: int, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+        log.warning("dropped the reply of node %d: %s", node, reason)
+
+    def _checked(self, replies: list[Message]) -> tuple[list[Message], torch.Tensor]:
+        """The well-formed replies and their updates ``current - w_i`` as the rows of one
+        N x d tensor, each reply decoded once straight into its row (N = 100 ResNet-18 replies
+        are 4.5 GB: a list of decoded arrays and then a stack would need twice that)."""
+        expected = {k: (tuple(a.shape), a.dtype) for k, a in self._current.items()}
+        current, layout = aggregators.stack([{k: a.numpy() for k, a in self._current.items()}])
+        X = torch.empty((len(replies), current.shape[1]), dtype=current.dtype)
+        kept: list[Message] = []
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            if msg.has_error():
+                self._drop(node, f"client error: {msg.error.reason}")
+                continue
+            record = msg.content.array_records.get(self.arrayrecord_key)
+            metrics = list(msg.content.metric_records.values())
+            if record is None or len(metrics) != 1:
+                self._drop(
+                    node, f"expected ArrayRecord {self.arrayrecord_key!r} and one MetricRecord"
+                )
+                continue
+            if {k: (tuple(a.shape), a.dtype) for k, a in record.items()} != expected:
+                self._drop(node, "names/shapes/dtypes differ from the model's")
+                continue
+            if not np.isfinite(metrics[0].get(self.weighted_by_key, np.nan)):
+                self._drop(node, f"metric {self.weighted_by_key!r} missing or not finite")
+                continue
+            row, i = X[len(kept)].numpy(), 0
+            for name, shape, _ in layout:
+                size = int(np.prod(shape))
+                row[i : i + size] = record[name].numpy().ravel()
+                i += size
+            if not np.isfinite(row).all():
+                self._drop(node, "non-finite values")
+                continue
+            kept.append(msg)
+        X = X[: len(kept)]
+        return kept, X.neg_().add_(current)  # updates current - w_i, in place
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        if self._current is None:
+            raise RuntimeError("aggregate_train before configure_train: no current model")
+        kept, X = self._checked(list(replies))
+        if not kept:
+            log.warning("round %d: no usable reply", server_round)
+            return None, None
+        n = len(kept)
+        f = min(self.byzantine, max(0, self.aggregator.max_byzantine(n)))
+        if f < self.byzantine:
+            log.warning(
+                "round %d: %s tolerates %d of %d replies, fewer than byzantine = %d",
+                server_round,
+                self.aggregator.name,
+                f,
+                n,
+                self.byzantine,
+            )
+        current = {k: a.numpy() for k, a in self._current.items()}
+        step = aggregators.unstack(
+            self.aggregator(X, f=f), [(k, a.shape, a.dtype) for k, a in current.items()]
+        )
+        arrays = ArrayRecord(
+            {
+                k: Array(np.ascontiguousarray(current[k] - step[k], current[k].dtype))
+                for k in current
+            }
+        )
+        metrics = self.train_metrics_aggr_fn([m.content for m in kept], self.weighted_by_key)
+        return arrays, metrics
+
+
+class RobustFedAvg(RobustAggregation, FedAvg):
+    """Flower's ``FedAvg`` with a robust rule over the updates (see the module docstring)."""
+
+    def summary(self) -> None:
+        log.info("RobustFedAvg: %s, byzantine = %d", self.aggregator.name, self.byzantine)
+        super().summary()
