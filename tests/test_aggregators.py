@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from pflower.strategies import aggregators
 from pflower.strategies.aggregators import (
     Bucketing,
     CenteredClipping,
@@ -158,3 +159,31 @@ def test_robust_option_keeps_fedavg_working_under_attack(tmp_path):
 def test_byzantine_beyond_the_rule_is_refused_at_the_first_round(tmp_path):
     with pytest.raises(ValueError, match="robust-byzantine"):
         _attacked_run({"robust-aggregator": "krum", "robust-byzantine": 4}, tmp_path)
+
+
+@pytest.mark.parametrize("n", [7, 8])
+def test_coordinate_rules_equal_numpy_on_random_inputs(n):
+    """Median and trimmed mean against NumPy's median and a sort-based trimmed mean, with
+    columns split over several chunks (even N: mean of the two middle values)."""
+    rng = np.random.default_rng(n)
+    X = rng.standard_normal((n, 1000)).astype(np.float32)
+    chunked = aggregators.CHUNK
+    aggregators.CHUNK = 300
+    try:
+        median = aggregators.CoordinateMedian()(torch.from_numpy(X)).numpy()
+        trimmed = aggregators.TrimmedMean(0.2)(torch.from_numpy(X)).numpy()
+    finally:
+        aggregators.CHUNK = chunked
+    np.testing.assert_allclose(median, np.median(X, axis=0), rtol=1e-6)
+    k = int(np.ceil(0.2 * n))
+    np.testing.assert_allclose(trimmed, np.sort(X, axis=0)[k : n - k].mean(0), atol=1e-6)
+
+
+def test_centered_clipping_step_by_hand():
+    """One iteration from a known centre: v + mean_i min(1, r/||x_i - v||)(x_i - v)."""
+    X = torch.tensor([[3.0, 4.0], [0.0, 0.5], [-6.0, 8.0]])
+    rule = aggregators.CenteredClipping(radius=1.0, iterations=1)
+    rule.center = torch.zeros(2)
+    # clipped: (3,4)/5, (0,0.5) unclipped, (-6,8)/10
+    want = (np.array([0.6, 0.8]) + np.array([0.0, 0.5]) + np.array([-0.6, 0.8])) / 3
+    np.testing.assert_allclose(rule(X).numpy(), want, atol=1e-6)
