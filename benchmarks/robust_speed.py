@@ -42,16 +42,24 @@ def layout() -> dict[str, tuple]:
     return {k: tuple(p.shape) for k, p in model.named_parameters()}
 
 
-def replies(n: int, shapes: dict, seed: int = 0) -> list[Message]:
+def client_arrays(n: int, shapes: dict, seed: int = 0) -> list[dict[str, Array]]:
+    rng = np.random.default_rng(seed)
+    return [
+        {k: Array(rng.standard_normal(s, dtype=np.float32)) for k, s in shapes.items()}
+        for _ in range(n)
+    ]
+
+
+def replies(arrays: list[dict[str, Array]]) -> list[Message]:
+    """Fresh reply messages around the (immutable) Arrays: Flower's FedMedian and
+    FedTrimmedAvg pop the arrays out of the replies they aggregate."""
     if TaskIdentity._run_id is None:  # messages need a task identity (the SuperLink's)
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    rng = np.random.default_rng(seed)
     out = []
-    for i in range(n):
-        record = ArrayRecord(
-            {k: Array(rng.standard_normal(s, dtype=np.float32)) for k, s in shapes.items()}
+    for i, record in enumerate(arrays):
+        content = RecordDict(
+            {"arrays": ArrayRecord(dict(record)), "metrics": MetricRecord({"num-examples": 10})}
         )
-        content = RecordDict({"arrays": record, "metrics": MetricRecord({"num-examples": 10})})
         msg = Message(content=content, dst_node_id=i + 1, message_type="train")
         out.append(Message(content=content, reply_to=msg))
     return out
@@ -98,8 +106,9 @@ def speed(args) -> str:
     table = contenders(args.clients)
     times: dict[str, list[float]] = {k: [] for k in table}
     for rep in range(args.repeats):
+        arrays = client_arrays(args.clients, shapes, seed=rep)
         for name, make in table.items():
-            msgs = replies(args.clients, shapes, seed=rep)
+            msgs = replies(arrays)
             times[name].append(aggregate_once(make(), msgs, shapes))
             print(f"{name}: {times[name][-1]:.2f} s", flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -124,7 +133,7 @@ def speed(args) -> str:
 
 def memory_child(rule: str, n: int) -> None:
     shapes = layout()
-    msgs = replies(n, shapes)
+    msgs = replies(client_arrays(n, shapes))
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB, after building replies
     name, _, bucket = rule.partition("+b")
     strategy = ours(name, n, bucket_size=int(bucket or 0))
