@@ -4,12 +4,16 @@ Node config (set per SuperNode; the simulation engine sets the first two itself)
 ``partition-id`` and ``num-partitions`` choose this client's data; ``state-dir`` (optional)
 keeps personal state in a directory on the device instead of ``context.state``;
 ``byzantine`` (optional, for robustness experiments) makes the node attack
-(``pflower/attacks.py``).
+(``pflower/attacks.py``); ``delay-s`` (optional, for straggler experiments) makes it wait that
+many seconds before each training reply (``straggler_delay``).
 """
 
 from __future__ import annotations
 
 import functools
+import random
+import threading
+import time
 from collections.abc import Mapping
 
 import torch
@@ -31,9 +35,14 @@ def parse_config(items: frozenset) -> Config:
     return Config.from_run_config(dict(items))
 
 
-@functools.lru_cache(maxsize=2)
 def _model(cfg: Config) -> tuple[torch.nn.Module, Split, dict, torch.device]:
-    """One model per process and config; every message overwrites all of its parameters."""
+    return _thread_model(cfg, threading.get_ident())
+
+
+@functools.lru_cache(maxsize=32)
+def _thread_model(cfg: Config, thread: int) -> tuple[torch.nn.Module, Split, dict, torch.device]:
+    """One model per thread and config (every message overwrites all of its parameters); per
+    thread so that ``LocalGrid(workers=...)`` can run clients side by side."""
     device = resolve_device(cfg.device)
     model = build_run_model(cfg).to(device)
     split = wire_split(model, cfg)
@@ -67,6 +76,22 @@ def make_job(cfg: Config, context: Context, server_round: int) -> ClientJob:
         device=device,
         init_personal={k: v.clone() for k, v in init_personal.items()},
     )
+
+
+def straggler_delay(cfg: Config, node_config: Mapping) -> float:
+    """Seconds this node waits before each training reply, a compute-time model for comparing
+    synchronous and asynchronous servers on wall clock: node config ``delay-s`` if set, else
+    ``straggler-delay-s``, times ``straggler-factor`` for the ``straggler-fraction`` of the
+    partitions drawn by ``seed``. 0 (no wait) unless configured; in a real deployment the
+    device's own speed is the model."""
+    if "delay-s" in node_config:
+        return float(node_config["delay-s"])
+    if not cfg.straggler_delay_s:
+        return 0.0
+    n = int(node_config["num-partitions"])
+    slow = random.Random(cfg.seed).sample(range(n), round(cfg.straggler_fraction * n))
+    factor = cfg.straggler_factor if int(node_config["partition-id"]) in slow else 1.0
+    return cfg.straggler_delay_s * factor
 
 
 def build_client_app(overrides: Mapping | None = None) -> ClientApp:
@@ -110,6 +135,9 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
                 context.node_config,
                 seed=job.partition_id * 7919 + int(config.get("server-round", 0)),
             )
+        delay = straggler_delay(cfg, context.node_config)
+        if delay:
+            time.sleep(delay)
         # ALIE / IPM: an honest reply, tagged for the server's attack simulation
         metrics = {
             **metrics,

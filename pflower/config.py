@@ -40,6 +40,7 @@ ALGORITHMS = (
     "pflego",
     "apfl",
     "br-ffgg",
+    "async-ffgg",
 )
 APFL_MIXINGS = ("parameters", "outputs")
 ROBUST_AGGREGATORS = (
@@ -195,6 +196,27 @@ class Config(BaseModel):
     robust_krum_m: int = Field(3, alias="robust-krum-m", ge=1)
     robust_clip_radius: float = Field(1.0, alias="robust-clip-radius", gt=0)
     robust_clip_iterations: int = Field(3, alias="robust-clip-iterations", ge=1)
+    # --- asynchronous FFGG (Alg. 3) -------------------------------------------------------
+    #: clients computing at any time; 0: round(fraction-train x trainable nodes)
+    async_concurrency: int = Field(0, alias="async-concurrency", ge=0)
+    #: server updates to apply; 0: num-server-rounds x concurrency
+    async_updates: int = Field(0, alias="async-updates", ge=0)
+    #: drop updates computed on a theta more than this many versions old; -1: keep all
+    async_max_staleness: int = Field(-1, alias="async-max-staleness", ge=-1)
+    #: a in the step gamma / (1 + staleness)^a; 0: the paper's constant step
+    async_staleness_power: float = Field(0.0, alias="async-staleness-power", ge=0)
+    #: stop after this many seconds of training; 0: no limit
+    async_time_budget_s: float = Field(0.0, alias="async-time-budget-s", ge=0)
+    #: evaluate every this many updates; 0: evaluate-every x concurrency
+    async_evaluate_every: int = Field(0, alias="async-evaluate-every", ge=0)
+    #: a message unanswered this long frees its slot for another client
+    async_client_timeout_s: float = Field(600.0, alias="async-client-timeout-s", gt=0)
+    # --- straggler simulation (any algorithm; the ClientApp sleeps after training) -----------
+    #: seconds every client adds to each training reply (0: none); node config delay-s overrides
+    straggler_delay_s: float = Field(0.0, alias="straggler-delay-s", ge=0)
+    #: this share of the clients (drawn by seed) is straggler-factor times slower
+    straggler_fraction: float = Field(0.0, alias="straggler-fraction", ge=0, le=1)
+    straggler_factor: float = Field(10.0, alias="straggler-factor", ge=1)
     #: robustness experiments only: the server simulates the omniscient ALIE / IPM adversary
     #: for nodes whose node config says byzantine = 'alie' / 'ipm' (pflower/attacks.py)
     attack_simulation: bool = Field(False, alias="attack-simulation")
@@ -221,6 +243,14 @@ class Config(BaseModel):
                 "key 'robust-aggregator' = 'none': br-ffgg steps with a robust aggregate; "
                 f"choose one of {ROBUST_AGGREGATORS[1:]} (with 'robust-bucket-size' = 2 for "
                 "the agnostic robust rules of the paper's Def. 2)"
+            )
+        if self.algorithm == "async-ffgg" and (
+            self.pretrain_rounds or self.robust_aggregator != "none"
+        ):
+            raise ConfigError(
+                f"key 'pretrain-rounds' = {self.pretrain_rounds}, 'robust-aggregator' = "
+                f"{self.robust_aggregator!r}: async-ffgg applies single client updates; it has "
+                "no pre-training rounds and no robust rule (set 0 and 'none')"
             )
         _one_of("apfl-weighting", self.apfl_weighting, FFGG_WEIGHTINGS)
         _one_of("lr-schedule", self.lr_schedule, LR_SCHEDULES)

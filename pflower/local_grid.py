@@ -10,14 +10,21 @@ across rounds (``context.state`` is the node's store), message ids and ``reply_t
 ClientApp that raises produces an error reply, as in Flower. ``tests/test_local_grid.py``
 checks that a run on it equals the same run on the simulation engine.
 
+With ``workers`` > 0 the ClientApp calls run in that many threads and ``push_messages``
+returns at once (replies come back as ``pull_messages`` finds them done), as a SuperLink
+does: what an asynchronous server (``AsyncFFGG``) and straggler experiments (a node config
+``delay-s``) need. ``silent`` nodes never answer (a device that died).
+
 Used by the benchmarks and tests; not a deployment path.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from uuid import uuid4
 
 from flwr.app import Context, Error, Message, RecordDict
@@ -43,6 +50,10 @@ class LocalGrid(Grid):
         Extra node-config entries per partition id (e.g. ``state-dir``).
     seed : int (default: 0)
         Seed of the node ids (random, as on a SuperLink, so that nothing may rely on them).
+    workers : int (default: 0)
+        0: each message runs when pushed. > 0: messages run in that many threads.
+    silent : iterable of int (default: none)
+        Partition ids whose nodes never reply.
     """
 
     def __init__(
@@ -53,6 +64,8 @@ class LocalGrid(Grid):
         node_configs: Mapping[int, Mapping] | None = None,
         seed: int = 0,
         run_id: int = 1,
+        workers: int = 0,
+        silent: Iterable[int] = (),
     ) -> None:
         if num_nodes < 1:
             raise ValueError(f"num_nodes = {num_nodes}: must be >= 1")
@@ -73,8 +86,16 @@ class LocalGrid(Grid):
             )
             for i, node in enumerate(ids)
         }
-        self._replies: dict[str, Message] = {}
+        self._replies: dict[str, Message | Future] = {}
         self.client_seconds: dict[int, float] = {}  # compute time per node, summed
+        self.silent = {
+            node
+            for node, c in self.contexts.items()
+            if c.node_config["partition-id"] in set(silent)
+        }
+        self._pool = ThreadPoolExecutor(workers) if workers > 0 else None
+        self._lock = threading.Lock()
+        self._node_locks = {node: threading.Lock() for node in self.contexts}
         if TaskIdentity._run_id is None:  # messages need a task identity (the SuperLink's)
             TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 1
 
@@ -93,19 +114,35 @@ class LocalGrid(Grid):
         return list(self.contexts)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Run each message's ClientApp now; its reply waits for ``pull_messages``."""
+        """Run each message's ClientApp now (or hand it to a worker thread); its reply waits
+        for ``pull_messages``."""
         ids = []
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = msg_id = str(uuid4())
             ids.append(msg_id)
-            self._replies[msg_id] = self._deliver(msg)
+            if msg.metadata.dst_node_id in self.silent:
+                continue
+            if self._pool is None:
+                self._replies[msg_id] = self._deliver(msg)
+            else:
+                self._replies[msg_id] = self._pool.submit(self._deliver, msg)
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
+        out = []
+        for i in list(message_ids):
+            reply = self._replies.get(i)
+            if reply is None or (isinstance(reply, Future) and not reply.done()):
+                continue
+            del self._replies[i]
+            out.append(reply.result() if isinstance(reply, Future) else reply)
+        return out
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout=None) -> Iterable[Message]:
-        return self.pull_messages(self.push_messages(messages))
+        ids = list(self.push_messages(messages))
+        pending = [self._replies[i] for i in ids if isinstance(self._replies.get(i), Future)]
+        wait(pending, timeout=timeout)  # as Flower: what has not come back by then is missing
+        return self.pull_messages(ids)
 
     # --- delivery --------------------------------------------------------------------------
     def _deliver(self, msg: Message) -> Message:
@@ -115,15 +152,17 @@ class LocalGrid(Grid):
             return Message(Error(ErrorCode.NODE_UNAVAILABLE, f"no node {node}"), reply_to=msg)
         start = time.perf_counter()
         try:
-            reply = self.app(msg, context)
+            with self._node_locks[node]:  # a node handles one message at a time
+                reply = self.app(msg, context)
         except Exception as err:  # Flower turns a raising ClientApp into an error reply
             reply = Message(
                 Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(err).__name__}: {err}"),
                 reply_to=msg,
             )
-        self.client_seconds[node] = self.client_seconds.get(node, 0.0) + (
-            time.perf_counter() - start
-        )
+        with self._lock:
+            self.client_seconds[node] = self.client_seconds.get(node, 0.0) + (
+                time.perf_counter() - start
+            )
         return reply
 
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from pflower.config import Config
 from pflower.strategies.apfl import APFL, APFLClient, apfl_strategy
+from pflower.strategies.async_ffgg import AsyncFFGG, async_ffgg_strategy
 from pflower.strategies.base import (
     ClientHalf,
     ClientJob,
@@ -92,6 +93,8 @@ ALGORITHMS: dict[str, Algorithm] = {
     "apfl": Algorithm(apfl_strategy, APFLClient(), "none", "full"),
     # BR-FFGG (Alg. 5): FFGG's clients, the server steps with the robust rule of the config
     "br-ffgg": Algorithm(ffgg_strategy, FFGGClient()),
+    # Asynchronous FFGG (Alg. 3): FFGG's clients, a server loop that applies each gradient
+    "async-ffgg": Algorithm(async_ffgg_strategy, FFGGClient()),
 }
 
 
@@ -145,6 +148,7 @@ __all__ = [
     "ALGORITHMS",
     "APFL",
     "APFLClient",
+    "AsyncFFGG",
     "Algorithm",
     "build_run_model",
     "ClientHalf",
