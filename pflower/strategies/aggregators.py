@@ -271,7 +271,10 @@ class Bucketing(Aggregator):
 
     def aggregate(self, X, f):
         order = torch.randperm(X.shape[0], generator=self.generator).to(X.device)
-        means = torch.stack([X[idx].mean(0) for idx in order.split(self.s)])
+        buckets = order.split(self.s)
+        means = torch.empty((len(buckets), X.shape[1]), dtype=X.dtype, device=X.device)
+        for row, idx in zip(means, buckets):  # filled in place: no list of means, then a copy
+            torch.mean(X[idx], 0, out=row)
         return self.base.aggregate(means, min(f, means.shape[0]))
 
 
