@@ -225,6 +225,12 @@ class Config(BaseModel):
     seed: int = 0
     device: str = "auto"
     outputs_dir: str = Field("outputs", alias="outputs-dir")
+    #: save the shared parameters every this many rounds (outputs/<run>/checkpoints/); 0: only
+    #: the final ones (final-shared.pt)
+    checkpoint_every: int = Field(0, alias="checkpoint-every", ge=0)
+    #: start from these shared parameters (a final-shared.pt or a checkpoint) instead of the
+    #: seeded init: resumes a run (the clients' personal state is on their side)
+    resume_from: str = Field("", alias="resume-from")
 
     @model_validator(mode="after")
     def _check_names(self) -> Config:

@@ -21,6 +21,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
 
 from pflower.config import Config  # noqa: E402
 
@@ -35,6 +36,10 @@ class RunReport:
     rounds: list  # of RoundLog
     clients: list[dict]
     seconds: float
+    #: the final shared parameters (saved as ``final-shared.pt``), if known
+    shared: dict | None = None
+    #: where ``write`` put the files
+    path: Path | None = None
 
     @property
     def final(self) -> dict:
@@ -44,6 +49,9 @@ class RunReport:
     @property
     def dropped(self) -> int:
         return sum(sum(r.dropped.values()) for r in self.rounds)
+
+
+SHARED_FILE = "final-shared.pt"
 
 
 def output_dir(cfg: Config) -> Path:
@@ -57,9 +65,12 @@ def output_dir(cfg: Config) -> Path:
     return path
 
 
-def write(report: RunReport) -> Path:
-    """Write every output file; return the directory."""
-    out = output_dir(report.cfg)
+def write(report: RunReport, out: Path | None = None) -> Path:
+    """Write every output file (into ``out``, or a new output directory); return it."""
+    out = out or output_dir(report.cfg)
+    report.path = out
+    if report.shared is not None:  # what a device loads next to its personal layers
+        torch.save(report.shared, out / SHARED_FILE)
     (out / "config.json").write_text(
         json.dumps(
             {

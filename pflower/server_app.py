@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
@@ -46,12 +47,16 @@ def run(grid: Grid, cfg: Config) -> report.RunReport:
     strategy = make_strategy(cfg, split.shared)
     # With FedAvg pre-training the whole model travels first; the strategy splits it after.
     initial = [n for n, _ in model.named_parameters()] if cfg.pretrain_rounds else split.shared
-    strategy.start(
+    tensors = get_tensors(model, initial)
+    if cfg.resume_from:
+        tensors = resumed(cfg.resume_from, tensors)
+    out = report.output_dir(cfg)
+    final = strategy.start(
         grid=grid,
-        initial_arrays=ArrayRecord(get_tensors(model, initial)),
+        initial_arrays=ArrayRecord(tensors),
         num_rounds=cfg.total_rounds,
         timeout=cfg.round_timeout,
-        evaluate_fn=server_evaluation(cfg, strategy, grid),
+        evaluate_fn=checkpointing(cfg, out, server_evaluation(cfg, strategy, grid)),
     )
     result = report.RunReport(
         cfg=cfg,
@@ -60,11 +65,45 @@ def run(grid: Grid, cfg: Config) -> report.RunReport:
         rounds=strategy.history,
         clients=strategy.final_clients,
         seconds=time.perf_counter() - started,
+        shared=final.arrays.to_torch_state_dict() if final is not None else None,
     )
-    out = report.write(result)
+    out = report.write(result, out)
     table = report.summary_table(result)
     print(f"\n{table}\n\nresults: {out}\n", flush=True)
     return result
+
+
+def resumed(path: str, tensors: dict) -> dict:
+    """The shared parameters saved at ``path`` (``resume-from``), checked against the model."""
+    try:
+        saved = torch.load(Path(path).expanduser(), map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, ValueError) as err:
+        raise ValueError(f"key 'resume-from' = {path!r}: cannot be read ({err})") from None
+    mismatch = {k for k in tensors if k not in saved or saved[k].shape != tensors[k].shape}
+    if mismatch or set(saved) != set(tensors):
+        raise ValueError(
+            f"key 'resume-from' = {path!r}: its tensors do not match this run's shared "
+            f"parameters (e.g. {sorted(mismatch or set(saved) ^ set(tensors))[:3]})"
+        )
+    log.info("resuming from %s", path)
+    return {k: saved[k].to(tensors[k].dtype) for k in tensors}
+
+
+def checkpointing(cfg: Config, out: Path, evaluate_fn):
+    """Wrap Flower's per-round ``evaluate_fn`` hook: every ``checkpoint-every`` rounds save
+    the shared parameters to ``out/checkpoints/round-<r>.pt``."""
+    if not cfg.checkpoint_every:
+        return evaluate_fn
+
+    def evaluate(server_round: int, arrays: ArrayRecord):
+        if server_round and server_round % cfg.checkpoint_every == 0:
+            (out / "checkpoints").mkdir(exist_ok=True)
+            torch.save(
+                arrays.to_torch_state_dict(), out / "checkpoints" / f"round-{server_round}.pt"
+            )
+        return evaluate_fn(server_round, arrays) if evaluate_fn else None
+
+    return evaluate
 
 
 def server_evaluation(cfg: Config, strategy, grid: Grid):

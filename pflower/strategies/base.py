@@ -766,6 +766,8 @@ class ClientJob:
     init_personal: dict[str, torch.Tensor]
     #: the message's other ArrayRecords (e.g. Scaffold's ``control``), by key
     received: dict[str, ArrayRecord] = field(default_factory=dict)
+    #: whether ``restore_personal`` found stored state (reported as ``personal-restored``)
+    restored: bool = False
 
     @property
     def num_train(self) -> int:
@@ -835,6 +837,7 @@ class ClientJob:
         """Load this client's stored personal part; the init if none. True if one was stored."""
         stored = load_matching(self.store, key, self.init_personal)
         splits.set_tensors(self.model, stored if stored is not None else self.init_personal)
+        self.restored = self.restored or stored is not None
         return stored is not None
 
     def save_personal(self, key: str = PERSONAL) -> None:
@@ -847,6 +850,9 @@ def train_metrics(job: ClientJob, *results: training.TrainResult) -> dict[str, f
         NUM_EXAMPLES: job.num_train,
         "train-loss": results[-1].loss,
         "data-passes": sum(r.examples for r in results) / max(1, job.num_train),
+        # 1 when the client resumed from its stored personal state (a restarted device keeps
+        # its layers): the round's mean is the share of clients that did
+        "personal-restored": float(job.restored),
     }
 
 

@@ -1,0 +1,188 @@
+"""pflower's client halves behind Flower's older ``NumPyClient`` interface.
+
+Many Flower projects still write their client as a ``NumPyClient`` (``get_parameters`` /
+``fit`` / ``evaluate`` on lists of NumPy arrays). ``PersonalizedNumPyClient`` is one, built
+around *your* model and data loaders: the arrays it exchanges are the **shared** parameters
+only (in ``split.shared`` order); the personal ones stay in its store — a directory on the
+device with ``state_dir`` (atomic writes, survives restarts), or the node's ``context.state`` — and
+training runs pflower's client half of the algorithm (FedAlt, FedSim, APFL, ...) unchanged::
+
+    from pflower.numpy_client import PersonalizedNumPyClient, numpy_client_app
+    from pflower.task.split import make_split
+
+    def client_fn(context):
+        model = Net()
+        return PersonalizedNumPyClient(
+            model, make_split(model, "head"), trainloader, testloader,
+            algorithm="fedalt", run_config={"lr": 0.05}, state=context.state,
+        )  # or state_dir="/var/lib/pflower": personal layers on the device's disk
+
+    app = numpy_client_app(client_fn)   # a ClientApp for pflower's (message-API) strategies
+
+``numpy_client_app`` turns any ``client_fn`` returning a ``NumPyClient`` into a message-API
+``ClientApp``: a training message's ``arrays`` become ``fit``'s parameters (in the record's
+order) and ``fit``'s result becomes the reply's ``arrays`` under the same names, with
+``num-examples`` and the metrics; ``evaluate`` likewise. Flower's own legacy ``ClientApp(
+client_fn=...)`` speaks the older record layout that message-API strategies do not send.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.client import NumPyClient
+from flwr.clientapp import ClientApp
+from torch import nn
+from torch.utils.data import DataLoader
+
+from pflower.config import Config
+from pflower.strategies import get_algorithm
+from pflower.strategies.base import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, ClientJob
+from pflower.task import split as splits
+from pflower.task.state import ContextStore, DirectoryStore
+
+#: algorithms whose client half replies with weights under ``arrays`` (what NumPyClient.fit
+#: returns); gradient-replying ones (FFGG, PFLEGO) need their own reply key
+SUPPORTED = ("fedavg", "fedavg-ft", "fedalt", "fedsim", "fedrep", "fedper", "apfl", "local-gd")
+
+
+class PersonalizedNumPyClient(NumPyClient):
+    """A ``NumPyClient`` whose parameters are ``split.shared``; ``split.personal`` stays here.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The client's model (its parameters are overwritten by each message's shared ones).
+    split : pflower.task.split.Split
+        Which parameters are shared (exchanged) and personal (kept).
+    train_loader, test_loader : DataLoader
+        The client's data.
+    algorithm : str (default: "fedalt")
+        One of ``SUPPORTED``; must match the server's strategy.
+    run_config : mapping (default: empty)
+        pflower run-config keys for the client half (``lr``, ``personal-epochs``, ...).
+    state_dir : str or None (default: None)
+        Keep the personal state in this directory (survives restarts).
+    state : RecordDict or None (default: None)
+        Without ``state_dir``: keep it here — pass ``context.state``, which lives as long as
+        the node (a ``client_fn`` builds a new client for every message).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        split: splits.Split,
+        train_loader: DataLoader,
+        test_loader: DataLoader,
+        algorithm: str = "fedalt",
+        run_config: Mapping | None = None,
+        state_dir: str | None = None,
+        state: RecordDict | None = None,
+    ) -> None:
+        if algorithm not in SUPPORTED:
+            raise ValueError(f"algorithm = {algorithm!r}: must be one of {SUPPORTED}")
+        self.cfg = Config.from_run_config({**dict(run_config or {}), "algorithm": algorithm})
+        self.half = get_algorithm(algorithm).client
+        self.model, self.split = model, split
+        self.train_loader, self.test_loader = train_loader, test_loader
+        if state_dir:
+            self.store = DirectoryStore(state_dir)
+        elif state is not None:
+            self.store = ContextStore(state)
+        else:
+            raise ValueError(
+                "pass state_dir (a directory on the device) or state=context.state: the "
+                "personal parameters must outlive this client object"
+            )
+        # where a client without personal state starts: the model's own initial values
+        self.init_personal = {
+            k: v.detach().clone() for k, v in splits.get_tensors(model, split.personal).items()
+        }
+        self.device = next(model.parameters()).device
+
+    def get_parameters(self, config) -> list[np.ndarray]:
+        tensors = splits.get_tensors(self.model, self.split.shared)
+        return [tensors[k].detach().cpu().numpy() for k in self.split.shared]
+
+    def _job(self, parameters: list[np.ndarray]) -> ClientJob:
+        if len(parameters) != len(self.split.shared):
+            raise ValueError(
+                f"received {len(parameters)} arrays; this client shares "
+                f"{len(self.split.shared)} tensors ({', '.join(self.split.shared[:3])}, ...)"
+            )
+        job = ClientJob(
+            cfg=self.cfg,
+            partition_id=0,
+            num_partitions=1,
+            model=self.model,
+            split=self.split,
+            train_loader=self.train_loader,
+            test_loader=self.test_loader,
+            store=self.store,
+            device=self.device,
+            init_personal={k: v.clone() for k, v in self.init_personal.items()},
+        )
+        job.set_shared(
+            ArrayRecord({k: Array(np.asarray(p)) for k, p in zip(self.split.shared, parameters)})
+        )
+        return job
+
+    def fit(self, parameters, config):
+        job = self._job(parameters)
+        record, metrics = self.half.train(job, dict(config))
+        if isinstance(record, dict):
+            raise ValueError(f"{self.cfg.algorithm}: replies with several records")
+        arrays = [record[k].numpy() for k in self.split.shared]
+        return arrays, int(metrics[NUM_EXAMPLES]), dict(metrics)
+
+    def evaluate(self, parameters, config):
+        job = self._job(parameters)
+        metrics = self.half.evaluate(job, dict(config))
+        return float(metrics["personal-loss"]), int(metrics[NUM_EXAMPLES]), dict(metrics)
+
+
+def numpy_client_app(client_fn: Callable[[Context], NumPyClient]) -> ClientApp:
+    """A message-API ClientApp that runs ``client_fn(context)``'s ``NumPyClient``."""
+    app = ClientApp()
+
+    def parameters(msg: Message) -> tuple[list[str], list[np.ndarray], dict]:
+        record = msg.content[ARRAYS]
+        names = list(record.keys())
+        config = dict(msg.content[CONFIG]) if CONFIG in msg.content else {}
+        return names, [record[k].numpy() for k in names], config
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        names, arrays, config = parameters(msg)
+        new, num_examples, metrics = client_fn(context).fit(arrays, config)
+        if len(new) != len(names):
+            raise ValueError(f"fit returned {len(new)} arrays for {len(names)} received")
+        reply = ArrayRecord({k: Array(np.ascontiguousarray(a)) for k, a in zip(names, new)})
+        content = RecordDict(
+            {
+                ARRAYS: reply,
+                METRICS: MetricRecord({**_numeric(metrics), NUM_EXAMPLES: num_examples}),
+            }
+        )
+        return Message(content=content, reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        _, arrays, config = parameters(msg)
+        loss, num_examples, metrics = client_fn(context).evaluate(arrays, config)
+        out = {**_numeric(metrics), "loss": float(loss), NUM_EXAMPLES: num_examples}
+        return Message(content=RecordDict({METRICS: MetricRecord(out)}), reply_to=msg)
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        pid = context.node_config.get("partition-id")
+        answer = {"partition-id": int(pid)} if pid is not None else {}
+        return Message(content=RecordDict({METRICS: MetricRecord(answer)}), reply_to=msg)
+
+    return app
+
+
+def _numeric(metrics: Mapping) -> dict:
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and np.isfinite(v)}
