@@ -290,7 +290,9 @@ class Federation:
         )  # fmt: skip
         return self._start(f"supernode-{i}", command)
 
-    def stop(self, label: str, timeout: float = 30.0) -> None:
+    def stop(self, label: str, timeout: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout`` s (a SuperNode deregisters at once but its
+        process can linger; its state is on disk, written atomically, so nothing is lost)."""
         proc = self.processes.pop(label, None)
         if proc is None:
             return

@@ -23,6 +23,7 @@ RUN = {
     "dataset": "digits",
     "partitioner": "pathological",
     "split": "head",
+    "pretrain-rounds": 0,
     "num-server-rounds": 3,
     "fraction-train": 1.0,
     "fraction-evaluate": 1.0,
@@ -111,6 +112,8 @@ def test_tls_authenticated_federation_keeps_personal_layers(tmp_path):
             time.sleep(1)
         log = (fed.logs / "supernode-2.log").read_text(errors="replace")
         assert intruder.poll() is not None and intruder.returncode != 0, log[-2000:]
+        superlink_log = (fed.logs / "superlink.log").read_text(errors="replace")
+        assert "No SuperNode found with the given public key" in superlink_log
     finally:
         fed.stop_all()
     assert not fed.processes
