@@ -4,6 +4,8 @@ EC key pair per SuperNode for node authentication; and the Flower configuration 
 
     python -m pflower.deploy credentials --out deploy/credentials --supernodes 2
     python -m pflower.deploy connection --credentials deploy/credentials --address 127.0.0.1:9093
+    python -m pflower.deploy up --dir deploy --supernodes 2     # all of it, on loopback
+    python -m pflower.deploy down --dir deploy
 
 Files under ``--out``: ``ca.crt`` (give it to every SuperNode and to the ``flwr`` CLI),
 ``server.pem`` / ``server.key`` (the SuperLink's certificate for ``--host`` names, signed by the
@@ -351,18 +353,45 @@ def main(argv: list[str] | None = None) -> None:
     cred.add_argument("--hosts", nargs="*", default=["localhost", "127.0.0.1", "::1"])
     conn = sub.add_parser("connection", help="a SuperLink connection for the flwr CLI")
     conn.add_argument("--credentials", required=True, help="the directory with ca.crt")
-    conn.add_argument("--address", default="127.0.0.1:9093", help="the Control API address")
+    conn.add_argument("--address", default="127.0.0.1:9093", help="the SuperLink's address")
     conn.add_argument("--name", default="pflower-deployment")
     conn.add_argument("--flwr-home", default=os.environ.get("FLWR_HOME", "~/.flwr"))
+    up = sub.add_parser("up", help="credentials, SuperLink, registered SuperNodes on loopback")
+    up.add_argument("--dir", default="deploy")
+    up.add_argument("--supernodes", type=int, default=2)
+    up.add_argument("--port", type=int, default=9093)
+    down = sub.add_parser("down", help="stop what 'up' started (by the pids in <dir>/pids.json)")
+    down.add_argument("--dir", default="deploy")
     args = parser.parse_args(argv)
     if args.command == "credentials":
         out = credentials(args.out, args.supernodes, tuple(args.hosts))
         print(f"credentials in {out}: ca.crt, server.pem, server.key, supernode-<i>[.pub]")
-    else:
+    elif args.command == "connection":
         path = connection(
             args.flwr_home, args.name, args.address, str(Path(args.credentials) / "ca.crt")
         )
         print(f"SuperLink connection {args.name!r} -> {args.address} written to {path}")
+    elif args.command == "up":
+        fed = Federation(args.dir, args.supernodes, args.port)
+        fed.prepare()
+        fed.start_superlink()
+        for i in range(args.supernodes):
+            fed.register(i)
+            fed.start_supernode(i)
+        print(
+            f"SuperLink on 127.0.0.1:{args.port} and {args.supernodes} SuperNodes running "
+            f"(pids in {fed.root / 'pids.json'}, logs in {fed.logs}). Submit with:\n"
+            f"  FLWR_HOME={fed.flwr_home} flwr run . {fed.name} --stream\n"
+            f"Stop with: python -m pflower.deploy down --dir {args.dir}"
+        )
+    else:
+        pids_file = Path(args.dir).expanduser() / "pids.json"
+        pids = json.loads(pids_file.read_text()) if pids_file.exists() else {}
+        for label in sorted(pids, key=lambda k: k == "superlink"):  # the SuperLink last
+            _terminate(int(pids[label]), 5.0)
+            print(f"stopped {label} (pid {pids[label]})")
+        if pids_file.exists():
+            pids_file.unlink()
 
 
 if __name__ == "__main__":
