@@ -93,7 +93,14 @@ class RobustAggregation:
                 size = int(np.prod(shape))
                 row[i : i + size] = record[name].numpy().ravel()
                 i += size
-            if not np.isfinite(row).all():
+            # float32 entries sum in float64 without overflow, and a NaN or Inf anywhere
+            # makes the sum non-finite: one pass, no d-sized boolean temporary
+            finite = (
+                np.isfinite(row.sum(dtype=np.float64))
+                if row.dtype == np.float32
+                else np.isfinite(row).all()
+            )
+            if not finite:
                 self._drop(node, "non-finite values")
                 continue
             kept.append(msg)
