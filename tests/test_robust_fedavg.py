@@ -29,6 +29,8 @@ def quickstart_app(bad: dict[int, str]) -> ClientApp:
             new = np.full_like(w, 1e6)
         elif kind == "nan":
             new = np.full_like(w, np.nan)
+        elif kind == "infs":  # +Inf and -Inf: their sum is NaN, each alone is Inf
+            new = np.array([np.inf, -np.inf, 1.0, 1.0], w.dtype)
         elif kind == "shape":
             new = np.zeros(w.size + 1, w.dtype)
         elif kind == "raise":
@@ -72,9 +74,10 @@ def test_malformed_replies_are_dropped_and_counted_and_the_run_goes_on():
     strategy = RobustFedAvg(
         aggregator=make_aggregator("median", bucket_size=2), byzantine=1, fraction_evaluate=0.0
     )
-    w = run(strategy, {0: "nan", 1: "shape", 2: "raise"}, rounds=3)
+    w = run(strategy, {0: "nan", 1: "shape", 2: "raise", 3: "infs"}, rounds=3)
     assert np.isfinite(w).all()
-    assert sum(strategy.dropped.values()) == 3 * 3
+    assert sum(strategy.dropped.values()) == 4 * 3
+    assert strategy.dropped["non-finite values"] == 2 * 3
     assert {r.split(":")[0] for r in strategy.dropped} == {
         "non-finite values",
         "names/shapes/dtypes differ from the model's",
