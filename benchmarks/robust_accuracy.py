@@ -51,7 +51,14 @@ RULES = {
         "robust-bucket-size": 2,
         "robust-clip-radius": 1.0,
     },
+    # extra rows (``--rules``): centered clipping with a radius at the scale of the updates
+    "bucketing + centered clipping (r = 0.1)": {
+        "robust-aggregator": "centered-clipping",
+        "robust-bucket-size": 2,
+        "robust-clip-radius": 0.1,
+    },
 }
+DEFAULT_RULES = list(RULES)[:4]
 ATTACKS = {
     "sign-flip": {"byzantine": "sign-flip", "byzantine-scale": 4.0},
     "alie": {"byzantine": "alie"},
@@ -158,7 +165,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--methods", nargs="*", default=["FFGG", "FedAvg", "Local"])
-    parser.add_argument("--rules", nargs="*", default=list(RULES))
+    parser.add_argument("--rules", nargs="*", default=DEFAULT_RULES, choices=list(RULES))
     parser.add_argument("--attacks", nargs="*", default=None, help="default: every column")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/robust-accuracy")
