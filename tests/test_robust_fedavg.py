@@ -80,7 +80,7 @@ def test_malformed_replies_are_dropped_and_counted_and_the_run_goes_on():
     assert strategy.dropped["non-finite values"] == 2 * 3
     assert {r.split(":")[0] for r in strategy.dropped} == {
         "non-finite values",
-        "names/shapes/dtypes differ from the model's",
+        "names/shapes/dtypes differ from the shared parameters",
         "client error",
     }
 

@@ -485,14 +485,9 @@ class PersonalizedStrategy(Strategy):
     def _check_record(self, server_round, node, record, expected) -> dict | None:
         """The record's tensors, or None (and a drop) if its names, shapes, dtypes or
         values are not those of finite shared parameters."""
-        got = {k: (tuple(a.shape), a.dtype) for k, a in record.items()}
-        if got != expected:
-            wrong = sorted(set(got.items()) ^ set(expected.items()))[:3]
-            self._drop(
-                server_round,
-                node,
-                f"names/shapes/dtypes differ from the shared parameters: {wrong}",
-            )
+        problem = layout_problem(record, expected)
+        if problem:
+            self._drop(server_round, node, problem)
             return None
         tensors = {k: a.numpy() for k, a in record.items()}
         if not all(np.isfinite(t).all() for t in tensors.values()):
@@ -645,6 +640,16 @@ class PersonalizedStrategy(Strategy):
         if server_round == self.num_rounds:
             self.final_clients = rows
         return MetricRecord(summary)
+
+
+def layout_problem(record: ArrayRecord, expected: Mapping[str, tuple]) -> str | None:
+    """Why ``record`` is not a set of shared parameters (``expected``: name -> (shape,
+    dtype)), or None: the reply check every aggregating strategy applies before values."""
+    got = {k: (tuple(a.shape), a.dtype) for k, a in record.items()}
+    if got == dict(expected):
+        return None
+    wrong = sorted(set(got.items()) ^ set(expected.items()), key=str)[:3]
+    return f"names/shapes/dtypes differ from the shared parameters: {wrong}"
 
 
 def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> dict:

@@ -39,6 +39,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator
+from pflower.strategies.base import layout_problem
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +83,9 @@ class RobustAggregation:
                     node, f"expected ArrayRecord {self.arrayrecord_key!r} and one MetricRecord"
                 )
                 continue
-            if {k: (tuple(a.shape), a.dtype) for k, a in record.items()} != expected:
-                self._drop(node, "names/shapes/dtypes differ from the model's")
+            problem = layout_problem(record, expected)
+            if problem:
+                self._drop(node, problem)
                 continue
             if not np.isfinite(metrics[0].get(self.weighted_by_key, np.nan)):
                 self._drop(node, f"metric {self.weighted_by_key!r} missing or not finite")
