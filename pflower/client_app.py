@@ -116,6 +116,9 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
         cfg, job, config = setup(msg, context)
         half = get_algorithm(cfg.algorithm).client
         attack = attacks.attack_of(context.node_config)  # "none" unless a Byzantine node
+        # ALIE / IPM: an honest reply, tagged for the server's attack simulation (refused
+        # before any training when the run does not simulate the omniscient adversary)
+        tag = attacks.omniscient_tag(attack, context.node_config, cfg.attack_simulation)
         if attack == "label-flip" and is_classifier(job.model):
             flipped = attacks.flip_labels(job.train_loader.dataset, dataset_info(cfg).num_classes)
             job.train_loader = batched(flipped, cfg.batch_size, True, job.train_loader.generator)
@@ -138,11 +141,7 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
         delay = straggler_delay(cfg, context.node_config)
         if delay:
             time.sleep(delay)
-        # ALIE / IPM: an honest reply, tagged for the server's attack simulation
-        metrics = {
-            **metrics,
-            **attacks.omniscient_tag(attack, context.node_config, cfg.attack_simulation),
-        }
+        metrics = {**metrics, **tag}
         content = RecordDict({**records, METRICS: MetricRecord(metrics)})
         return Message(content=content, reply_to=msg)
 
