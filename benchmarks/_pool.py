@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -26,3 +27,12 @@ def run_pool(
             print(f"{label(result)} ({result['seconds']:.0f} s)", flush=True)
             (out / "results.json").write_text(json.dumps({**header, "runs": results}))
     return results
+
+
+def percent_cell(values, digits: int = 2) -> str:
+    """Fractions as a table cell: mean ± sample std in percent ("–" if none; std 0 for one)."""
+    values = [100 * v for v in values if v is not None]
+    if not values:
+        return "–"
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.{digits}f} ± {std:.{digits}f}"

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from _pool import run_pool
+from _pool import percent_cell, run_pool
 
 APFL = {"algorithm": "apfl", "local-steps": 20, "lr": 0.1, "apfl-lr-decay": 0.999}
 FEDAVG = {**APFL, "apfl-alpha": 0.0, "apfl-adaptive": False}
@@ -143,14 +142,6 @@ def _held_out_accuracy(rows: list[dict], clients: int, fraction: float) -> dict:
     return out
 
 
-def _cell(values: list[float]) -> str:
-    values = [100 * v for v in values if v is not None]
-    if not values:
-        return "–"
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.2f} ± {std:.2f}"
-
-
 def table(results: list[dict], name: str, args) -> str:
     spec = TABLES[name]
     lines = [
@@ -171,7 +162,7 @@ def table(results: list[dict], name: str, args) -> str:
         for method in spec["methods"]:
             rows = [r for r in results if (r["setting"], r["method"]) == (setting, method)]
             if rows:
-                cells = [_cell([r.get(k) for r in rows]) for k in columns]
+                cells = [percent_cell([r.get(k) for r in rows]) for k in columns]
                 lines.append(f"| {setting} | {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from _pool import run_pool
+from _pool import percent_cell, run_pool
 
 SETTINGS = {"High (2 classes)": 2, "Medium (5 classes)": 5, "No (10 classes)": 10}
 
@@ -92,15 +91,9 @@ def table(results: list[dict], args) -> str:
         cells = []
         for setting in SETTINGS:
             accs = [
-                100 * r["accuracy"]
-                for r in results
-                if (r["method"], r["setting"]) == (method, setting)
+                r["accuracy"] for r in results if (r["method"], r["setting"]) == (method, setting)
             ]
-            if accs:
-                std = statistics.stdev(accs) if len(accs) > 1 else 0.0
-                cells.append(f"{statistics.mean(accs):.2f} ± {std:.2f}")
-            else:
-                cells.append("–")
+            cells.append(percent_cell(accs))
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from _pool import run_pool
+from _pool import percent_cell, run_pool
 
 CLIENTS = 50
 ASSUMED = 10  # Byzantine clients every rule is configured for (20%)
@@ -118,14 +117,6 @@ def one(job) -> dict:
     }
 
 
-def _cell(values: list[float]) -> str:
-    if not values:
-        return "–"
-    values = [100 * v for v in values]
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.1f} ± {std:.1f}"
-
-
 def table(results: list[dict], args) -> str:
     head = ["method", "rule"] + [f"{a} {int(100 * f)}%" if f else "no attack" for a, f in COLUMNS]
     lines = [
@@ -144,7 +135,7 @@ def table(results: list[dict], args) -> str:
                 if (r["method"], r["rule"], r["attack"], r["fraction"])
                 == (method, rule, attack, fraction)
             ]
-            cells.append(_cell(got))
+            cells.append(percent_cell(got, digits=1))
         lines.append(f"| {method} | {rule} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
