@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -36,3 +37,19 @@ def percent_cell(values, digits: int = 2) -> str:
         return "–"
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.mean(values):.{digits}f} ± {std:.{digits}f}"
+
+
+def quiet_worker() -> None:
+    """A benchmark worker process: one torch thread (the pool runs processes side by side),
+    Flower's and pflower's logs at errors only."""
+    import torch
+
+    torch.set_num_threads(1)
+    for name in ("flwr", "pflower"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def pooled_accuracy(rows: list[dict], key: str = "personal-accuracy") -> float:
+    """Accuracy pooled over the clients' test examples (each client weighted by its count)."""
+    total = sum(r["num-examples"] for r in rows)
+    return sum(r[key] * r["num-examples"] for r in rows) / total

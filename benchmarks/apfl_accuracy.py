@@ -25,12 +25,11 @@ fine-tune it one epoch with w fixed (eq. 17), then are evaluated.
 from __future__ import annotations
 
 import argparse
-import logging
 import tempfile
 import time
 from pathlib import Path
 
-from _pool import percent_cell, run_pool
+from _pool import percent_cell, pooled_accuracy, quiet_worker, run_pool
 
 APFL = {"algorithm": "apfl", "local-steps": 20, "lr": 0.1, "apfl-lr-decay": 0.999}
 FEDAVG = {**APFL, "apfl-alpha": 0.0, "apfl-adaptive": False}
@@ -98,10 +97,7 @@ TABLES = {
 
 def one(job) -> dict:
     table, setting, method, seed, rounds = job
-    import torch
-
-    torch.set_num_threads(1)
-    logging.getLogger("flwr").setLevel(logging.WARNING)
+    quiet_worker()
     from pflower.local_grid import run_local
 
     spec = TABLES[table]
@@ -136,9 +132,7 @@ def _held_out_accuracy(rows: list[dict], clients: int, fraction: float) -> dict:
     cutoff = clients - round(fraction * clients)
     out = {}
     for name, keep in (("new", lambda p: p >= cutoff), ("trained", lambda p: p < cutoff)):
-        part = [r for r in rows if keep(int(r["partition-id"]))]
-        n = sum(r["num-examples"] for r in part)
-        out[name] = sum(r["personal-accuracy"] * r["num-examples"] for r in part) / n
+        out[name] = pooled_accuracy([r for r in rows if keep(int(r["partition-id"]))])
     return out
 
 

@@ -20,12 +20,11 @@ evaluated after fine-tuning its head.
 from __future__ import annotations
 
 import argparse
-import logging
 import tempfile
 import time
 from pathlib import Path
 
-from _pool import percent_cell, run_pool
+from _pool import percent_cell, pooled_accuracy, quiet_worker, run_pool
 
 CLIENTS = 50
 ASSUMED = 10  # Byzantine clients every rule is configured for (20%)
@@ -81,11 +80,7 @@ def config(method: str, rule: str) -> dict:
 
 def one(job) -> dict:
     method, rule, attack, fraction, seed, rounds = job
-    import torch
-
-    torch.set_num_threads(1)
-    logging.getLogger("flwr").setLevel(logging.ERROR)
-    logging.getLogger("pflower").setLevel(logging.ERROR)
+    quiet_worker()
     from pflower.local_grid import run_local
 
     f = round(fraction * CLIENTS)
@@ -100,9 +95,7 @@ def one(job) -> dict:
     }
     start = time.perf_counter()
     report = run_local(cfg, CLIENTS, node_configs=node_configs)
-    honest = [r for r in report.clients if int(r["partition-id"]) >= f]
-    n = sum(r["num-examples"] for r in honest)
-    accuracy = sum(r["personal-accuracy"] * r["num-examples"] for r in honest) / n
+    accuracy = pooled_accuracy([r for r in report.clients if int(r["partition-id"]) >= f])
     return {
         "method": method,
         "rule": rule,

@@ -66,9 +66,7 @@ class APFL(PersonalizedStrategy):
     def aggregate(
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
-        weights = [u.num_examples if self.weighted else 1.0 for u in updates]
-        deltas = self.deltas(current, updates)
-        return self.server_optimizer.step(current, self.combine(deltas, weights))
+        return self.average_weights(current, updates, weighted=self.weighted)
 
     def train_config(self, server_round: int) -> dict:
         settings = super().train_config(server_round)

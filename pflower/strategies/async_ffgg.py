@@ -198,13 +198,13 @@ class AsyncFFGG(FFGG):
                     self._log(version).seconds = time.perf_counter() - started - paused
                     if version % every == 0 and version < total:  # the last: below
                         pause = time.perf_counter()
-                        self._evaluate(grid, version, evaluate_config, evaluate_fn, final=False)
+                        self._evaluate(grid, version, evaluate_config, evaluate_fn)
                         paused += time.perf_counter() - pause
             launch()
         self.counts["abandoned-in-flight"] = len(in_flight)
         self.num_rounds = version  # the final evaluation: every client
         self._log(version).server.update({f"async-{k}": float(v) for k, v in self.counts.items()})
-        self._evaluate(grid, version, evaluate_config, evaluate_fn, final=True)
+        self._evaluate(grid, version, evaluate_config, evaluate_fn)
         log.info("async FFGG: %s", self.counts)
         return Result(arrays=self._current)
 
@@ -231,22 +231,13 @@ class AsyncFFGG(FFGG):
         self._log(new_version).train = {**metrics, "staleness": float(staleness)}
         return True
 
-    def _evaluate(self, grid, version, evaluate_config, evaluate_fn, final: bool) -> None:
-        """The usual protocol on the current theta (every client when ``final``)."""
+    def _evaluate(self, grid, version, evaluate_config, evaluate_fn) -> None:
+        """The usual protocol on the current theta; every client when ``version`` is
+        ``num_rounds`` (the base strategy's final evaluation)."""
         if evaluate_fn is not None:
             self._server_evaluate(evaluate_fn, version)
         config = dict(evaluate_config or {})
-        if final:
-            messages = self._messages(
-                version,
-                self.sample(grid, 1.0, everyone=True),
-                self._current,
-                {**config, "final": True},
-                MessageType.EVALUATE,
-            )
-        else:
-            messages = self.configure_evaluate(version, self._current, config, grid)
-        messages = list(messages)
+        messages = list(self.configure_evaluate(version, self._current, config, grid))
         if messages:
             replies = grid.send_and_receive(messages, timeout=self.client_timeout)
             self.aggregate_evaluate(version, replies)

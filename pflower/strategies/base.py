@@ -523,15 +523,18 @@ class PersonalizedStrategy(Strategy):
         return aggregators.unstack(self.robust(X, f=f), layout)
 
     def average_weights(
-        self, current: dict[str, np.ndarray], updates: list[ClientUpdate]
+        self,
+        current: dict[str, np.ndarray],
+        updates: list[ClientUpdate],
+        weighted: bool = True,
     ) -> dict[str, np.ndarray]:
-        """Data-size weighted mean of returned weights, applied through the server optimizer
-        as the pseudo-gradient ``current - mean`` (SGD with lr 1 gives the mean: FedAvg). The
-        mean is taken over the updates ``current - w_i`` (the same thing), so a robust rule
-        sees updates, not raw weights."""
-        deltas = self.deltas(current, updates)
+        """Mean of returned weights (data-size weighted, or uniform with ``weighted`` False),
+        applied through the server optimizer as the pseudo-gradient ``current - mean`` (SGD
+        with lr 1 gives the mean: FedAvg). The mean is taken over the updates
+        ``current - w_i`` (the same thing), so a robust rule sees updates, not raw weights."""
+        weights = [u.num_examples if weighted else 1.0 for u in updates]
         return self.server_optimizer.step(
-            current, self.combine(deltas, [u.num_examples for u in updates])
+            current, self.combine(self.deltas(current, updates), weights)
         )
 
     def deltas(
