@@ -59,7 +59,8 @@ def make_job(cfg: Config, context: Context, server_round: int) -> ClientJob:
             "--node-config 'partition-id=<i> num-partitions=<n>'"
         ) from None
     model, split, init_personal, device = _model(cfg)
-    train_loader, test_loader = load_client_data(cfg, partition_id, num_partitions)
+    dtype = next(model.parameters()).dtype  # data in the model's precision (float64 models)
+    train_loader, test_loader = load_client_data(cfg, partition_id, num_partitions, dtype)
     # Reproducible whatever process runs this client: seed by (seed, client, round).
     salt = (cfg.seed * 1_000_003 + partition_id * 10_007 + server_round) % 2**63
     torch.manual_seed(salt)

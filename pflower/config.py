@@ -74,6 +74,13 @@ MODELS = (
 )
 SPLITS = ("none", "head", "input", "adapter", "full")
 BUILTIN_DATASETS = ("mnist-5k", "digits", "synthetic-leaf", "synthetic-linear")
+#: ``task``: ``auto`` is ``regression`` with ``loss = "mse"`` or the synthetic-linear problem,
+#: ``classification`` otherwise.
+TASKS = ("auto", "classification", "regression")
+#: ``loss``: ``auto`` is the model's own ``loss(out, target, reduction)`` method when it has
+#: one, else cross-entropy (classification) or the mean squared error (regression); or
+#: ``module:function`` for a loss of your own with that signature.
+LOSSES = ("auto", "cross-entropy", "mse")
 #: ``hf:<hub id>`` loads a Hugging Face data set through flwr-datasets; ``disk:<path>`` a
 #: directory written by ``datasets.save_to_disk`` or a folder of parquet files.
 DATASET_PREFIXES = ("hf:", "disk:")
@@ -104,7 +111,10 @@ class Config(BaseModel):
 
     # --- what to run -----------------------------------------------------------------------
     algorithm: str = "fedalt"
+    #: a name of ``MODELS`` or ``module:attribute``, an ``nn.Module`` class or factory of your own
     model: str = "mlp"
+    loss: str = "auto"
+    task: str = "auto"
     split: str = "head"
     split_patterns: str = Field("", alias="split-patterns")
 
@@ -119,6 +129,9 @@ class Config(BaseModel):
     label_column: str = Field("label", alias="label-column")
     feature_column: str = Field("", alias="feature-column")
     test_fraction: float = Field(0.2, alias="test-fraction", gt=0, lt=1)
+    #: a column that fixes each row's side: ``test`` / true / 1 = test split, anything else =
+    #: training split; empty: split each client's partition by ``test-fraction``
+    test_column: str = Field("", alias="test-column")
     max_train_samples: int = Field(0, alias="max-train-samples", ge=0)
     synthetic_gamma: float = Field(0.5, alias="synthetic-gamma", ge=0)
     synthetic_beta: float = Field(0.5, alias="synthetic-beta", ge=0)
@@ -235,7 +248,19 @@ class Config(BaseModel):
     @model_validator(mode="after")
     def _check_names(self) -> Config:
         _one_of("algorithm", self.algorithm, ALGORITHMS)
-        _one_of("model", self.model, MODELS)
+        if not _import_path(self.model):
+            _one_of("model", self.model, MODELS, "or 'module:Class' for a model of your own")
+        if not _import_path(self.loss):
+            _one_of("loss", self.loss, LOSSES, "or 'module:function' for a loss of your own")
+        _one_of("task", self.task, TASKS)
+        if self.task == "classification" and (
+            self.loss == "mse" or "synthetic-linear" in (self.model, self.dataset)
+        ):
+            raise ConfigError(
+                f"key 'task' = 'classification': loss {self.loss!r}, model {self.model!r}, "
+                f"data set {self.dataset!r} make a regression problem; use task 'regression' "
+                "or 'auto'"
+            )
         _one_of("split", self.split, SPLITS)
         _one_of("partitioner", self.partitioner, PARTITIONERS)
         _one_of("class-assignment", self.class_assignment, CLASS_ASSIGNMENTS)
@@ -304,10 +329,21 @@ class Config(BaseModel):
                     f"key 'split-patterns' = {self.split_patterns!r}: must be a comma-"
                     "separated list of glob patterns over parameter names, e.g. 'fc.*,layer4.*'"
                 )
-        if (self.dataset == "synthetic-linear") != (self.model == "synthetic-linear"):
+        if self.effective_task == "regression" and self.dataset in ("mnist-5k", "digits"):
             raise ConfigError(
-                f"key 'model' = {self.model!r}, 'dataset' = {self.dataset!r}: the synthetic "
-                "linear problem is both a data set and a model; set both to 'synthetic-linear'"
+                f"key 'task' = {self.task!r} (loss {self.loss!r}, model {self.model!r}): data set "
+                f"{self.dataset!r} is a classification problem; use a regression data set "
+                "('synthetic-linear', 'disk:<path>', 'hf:<id>') or task 'classification'"
+            )
+        by_label = ("pathological", "round-robin", "dirichlet")
+        if (
+            self.effective_task == "regression"
+            and self.partitioner in by_label
+            and self.dataset != "synthetic-linear"  # generated client by client
+        ):
+            raise ConfigError(
+                f"key 'partitioner' = {self.partitioner!r}: partitions by class label, and this "
+                "run is a regression problem; use 'iid' or 'natural' (by a column)"
             )
         num_classes = self.known_num_classes
         uses_classes = self.partitioner in ("pathological", "round-robin") and (
@@ -325,6 +361,14 @@ class Config(BaseModel):
     def personal_patterns(self) -> list[str]:
         """Glob patterns from ``split-patterns`` (empty: use the ``split`` preset)."""
         return [p.strip() for p in self.split_patterns.split(",")] if self.split_patterns else []
+
+    @property
+    def effective_task(self) -> str:
+        """``classification`` or ``regression`` (``task = "auto"`` decided from the config)."""
+        if self.task != "auto":
+            return self.task
+        regression = self.loss == "mse" or "synthetic-linear" in (self.model, self.dataset)
+        return "regression" if regression else "classification"
 
     @property
     def known_num_classes(self) -> int | None:
@@ -379,11 +423,20 @@ class Config(BaseModel):
             raise ConfigError(_describe(err)) from None
 
 
-def _one_of(key: str, value: str, names: tuple[str, ...]) -> None:
+def _one_of(key: str, value: str, names: tuple[str, ...], alternative: str = "") -> None:
     if value not in names:
         close = difflib.get_close_matches(value, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"key {key!r} = {value!r}: must be {_allowed(names)}{hint}")
+        extra = f", {alternative}" if alternative else ""
+        raise ConfigError(f"key {key!r} = {value!r}: must be {_allowed(names)}{extra}{hint}")
+
+
+def _import_path(value: str) -> bool:
+    """Whether ``value`` looks like ``module.path:attribute`` (a user's own object)."""
+    module, sep, attr = value.partition(":")
+    return bool(sep and module and attr) and all(
+        part.isidentifier() for part in [*module.split("."), *attr.split(".")]
+    )
 
 
 def _describe(err: ValidationError) -> str:

@@ -7,12 +7,13 @@ the run config to its strategy, its client half and which parameters cross the w
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import nn
 
-from pflower.config import Config
+from pflower.config import MODELS, Config
 from pflower.strategies.apfl import APFL, APFLClient, apfl_strategy
 from pflower.strategies.async_ffgg import AsyncFFGG, async_ffgg_strategy
 from pflower.strategies.base import (
@@ -53,8 +54,9 @@ from pflower.strategies.pflego import PFLEGO, PFLEGOClient, pflego_strategy
 from pflower.strategies.scaffold import Scaffold, ScaffoldClient, scaffold_strategy
 from pflower.task.data import dataset_info
 from pflower.task.linear import SyntheticLinear
-from pflower.task.models import build_model
+from pflower.task.models import build_model, build_user_model, import_object
 from pflower.task.split import Split, make_split
+from pflower.task.train import set_objective
 
 
 @dataclass(frozen=True)
@@ -115,17 +117,26 @@ def make_strategy(cfg: Config, shared_names=None) -> PersonalizedStrategy:
 
 
 def build_run_model(cfg: Config) -> nn.Module:
-    """The run's model, built identically (seeded) on the server and on every client."""
+    """The run's model, built identically (seeded) on the server and on every client, with
+    the run's loss and task attached (``training.set_objective``).
+
+    ``model`` is a built-in name or ``module:Class`` (``build_user_model``)."""
     if cfg.model == "synthetic-linear":
-        return SyntheticLinear(cfg.linear_dtheta, cfg.linear_dw)
-    info = dataset_info(cfg)
-    return build_model(
-        cfg.model,
-        info.input_shape,
-        info.num_classes,
-        adapters=cfg.split == "adapter",
-        seed=cfg.seed,
-    )
+        model: nn.Module = SyntheticLinear(cfg.linear_dtheta, cfg.linear_dw)
+    else:
+        info = dataset_info(cfg)
+        if cfg.model in MODELS:
+            model = build_model(
+                cfg.model,
+                info.input_shape,
+                info.num_classes,
+                adapters=cfg.split == "adapter",
+                seed=cfg.seed,
+            )
+        else:
+            model = build_user_model(cfg.model, info.input_shape, info.num_classes, seed=cfg.seed)
+    load = functools.partial(import_object, key="loss")
+    return set_objective(model, cfg.loss, cfg.effective_task, load)
 
 
 def _split(model: nn.Module, cfg: Config, rule: str) -> Split:

@@ -46,6 +46,7 @@ from pflower.strategies.base import (
     ClientJob,
     ClientUpdate,
     PersonalizedStrategy,
+    tagged_metrics,
     train_metrics,
 )
 from pflower.task import split as splits
@@ -228,7 +229,7 @@ class APFLClient(ClientHalf):
             "alpha": alpha,
         }
         for which, out in (("global", glob), ("personal", pers), ("localized", local)):
-            metrics.update({f"{which}-{k}": out[k] for k in ("loss", "accuracy") if k in out})
+            metrics.update(tagged_metrics(which, out))
         return metrics
 
 
@@ -238,8 +239,8 @@ class _Mixture(nn.Module):
     def __init__(self, model: nn.Module, v, alpha: float, w, mixing: str) -> None:
         super().__init__()
         self.model, self.v, self.alpha, self.w, self.mixing = model, v, alpha, w, mixing
-        if hasattr(model, "loss"):  # regression models bring their own loss
-            self.loss = model.loss
+        self.loss = training.loss_fn(model)  # the run's loss and task, as the model's
+        self.pflower_task = "classification" if training.is_classifier(model) else "regression"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = self.alpha

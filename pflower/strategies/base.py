@@ -732,6 +732,9 @@ def summarize_clients(rows: list[dict[str, float]]) -> dict[str, float]:
             continue
         loss = np.asarray([r[f"{which}-loss"] for r in rows], dtype=float)
         out[f"{which}-loss"] = float((loss * n).sum() / n.sum())
+        if all(f"{which}-rmse" in r for r in rows):  # regression: pooled over test examples
+            rmse = np.asarray([r[f"{which}-rmse"] for r in rows], dtype=float)
+            out[f"{which}-rmse"] = float(np.sqrt((rmse**2 * n).sum() / n.sum()))
         if not all(f"{which}-accuracy" in r for r in rows):
             continue
         acc = np.asarray([r[f"{which}-accuracy"] for r in rows], dtype=float)
@@ -911,23 +914,23 @@ class ClientHalf:
             return {
                 **metrics,
                 NUM_EXAMPLES: out["num-examples"],
-                **_tagged("personal", out),
-                **_tagged("global", out),
+                **tagged_metrics("personal", out),
+                **tagged_metrics("global", out),
             }
         glob: dict = {}
         if self.has_global:
             self.new_client(job)
             glob = job.evaluate()
-            metrics.update(_tagged("global", glob))
+            metrics.update(tagged_metrics("global", glob))
         if self.personalizes or not self.has_global:
             self.personalize(job, final=bool(config.get("final", False)))
             pers = job.evaluate()
         else:
             pers = glob
-        metrics.update({NUM_EXAMPLES: pers["num-examples"], **_tagged("personal", pers)})
+        metrics.update({NUM_EXAMPLES: pers["num-examples"], **tagged_metrics("personal", pers)})
         return metrics
 
 
-def _tagged(which: str, out: Mapping) -> dict[str, float]:
+def tagged_metrics(which: str, out: Mapping) -> dict[str, float]:
     """``loss`` (and ``accuracy`` for classifiers) of an evaluation, as ``<which>-...``."""
-    return {f"{which}-{k}": out[k] for k in ("loss", "accuracy") if k in out}
+    return {f"{which}-{k}": out[k] for k in ("loss", "accuracy", "rmse") if k in out}

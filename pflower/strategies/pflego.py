@@ -235,6 +235,11 @@ class PFLEGOClient(ClientHalf):
 def pflego_strategy(cfg: Config, **kwargs) -> PFLEGO:
     from pflower.strategies import build_run_model, wire_split
 
+    if cfg.effective_task != "classification" or cfg.loss not in ("auto", "cross-entropy"):
+        raise ValueError(
+            f"key 'loss' = {cfg.loss!r}, 'task' = {cfg.effective_task!r}: PFLEGO's closed-form "
+            "head steps are those of a softmax head under cross-entropy (classification)"
+        )
     model = build_run_model(cfg)
     head_module(model, wire_split(model, cfg).personal)  # refuse other splits at start
     return PFLEGO(alpha=cfg.pflego_alpha, **kwargs)

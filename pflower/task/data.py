@@ -45,6 +45,7 @@ from pflower.task import linear
 #: Column names tried, in order, when ``feature-column`` is empty.
 FEATURE_COLUMNS = ("image", "img", "pixels", "x", "features")
 _ROW = "_row"  # built-in sets: the row index into the in-memory arrays
+TEST_MARK = "_pflower_test"  # pooled train/test sources: whether a row is a test row
 
 
 @dataclass(frozen=True)
@@ -193,16 +194,48 @@ def _builtin_arrays(cfg: Config, num_partitions: int) -> tuple[np.ndarray, np.nd
 
 
 def _load_disk(path: str) -> datasets.Dataset:
+    """A ``save_to_disk`` directory or parquet files. A ``DatasetDict`` with ``train`` and
+    ``test`` splits (or a directory with ``train/`` and ``test/`` inside) keeps that
+    assignment: its rows are pooled with the column ``TEST_MARK`` saying which side each row
+    is on, and every client's test split is its share of the ``test`` rows."""
     p = Path(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"key 'dataset' = 'disk:{path}': no such file or directory")
+    if p.is_dir() and (p / "train").is_dir() and (p / "test").is_dir():
+        parts = {side: _load_disk(str(p / side)) for side in ("train", "test")}
+        return _pooled(parts["train"], parts["test"])
     parquet = sorted(p.glob("*.parquet")) if p.is_dir() else [p] if p.suffix == ".parquet" else []
     if parquet:
         return datasets.Dataset.from_parquet([str(f) for f in parquet])
     loaded = datasets.load_from_disk(str(p))
     if isinstance(loaded, datasets.DatasetDict):
+        if "train" in loaded and "test" in loaded:
+            return _pooled(loaded["train"], loaded["test"])
         return loaded["train"] if "train" in loaded else next(iter(loaded.values()))
     return loaded
+
+
+def _pooled(train: datasets.Dataset, test: datasets.Dataset) -> datasets.Dataset:
+    """Train and test rows in one data set, marked by ``TEST_MARK``."""
+    train = train.add_column(TEST_MARK, [False] * len(train))
+    test = test.add_column(TEST_MARK, [True] * len(test))
+    return datasets.concatenate_datasets([train, test])
+
+
+def _test_mask(cfg: Config, ds: datasets.Dataset) -> np.ndarray | None:
+    """Which rows are fixed test rows (``test-column``, or a pooled train/test source); None
+    when the split is left to ``test-fraction``."""
+    if cfg.test_column:
+        if cfg.test_column not in ds.column_names:
+            raise ValueError(
+                f"key 'test-column' = {cfg.test_column!r}: the data set has columns "
+                f"{ds.column_names}"
+            )
+        values = ds[cfg.test_column]
+        return np.asarray([str(v).lower() in ("test", "true", "1") for v in values], dtype=bool)
+    if TEST_MARK in ds.column_names:
+        return np.asarray(ds[TEST_MARK], dtype=bool)
+    return None
 
 
 def _feature_column(cfg: Config, ds: datasets.Dataset) -> str:
@@ -219,6 +252,11 @@ def _feature_column(cfg: Config, ds: datasets.Dataset) -> str:
     raise ValueError(f"no feature column found among {ds.column_names}: set key 'feature-column'")
 
 
+def _check_column(column: str, ds: datasets.Dataset, key: str) -> None:
+    if column not in ds.column_names:
+        raise ValueError(f"key {key!r} = {column!r}: the data set has columns {ds.column_names}")
+
+
 def _check_label(cfg: Config, ds: datasets.Dataset) -> None:
     if cfg.label_column not in ds.column_names:
         raise ValueError(
@@ -227,7 +265,9 @@ def _check_label(cfg: Config, ds: datasets.Dataset) -> None:
 
 
 def _to_arrays(cfg: Config, ds: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
-    """Features as float32 (images: (N, C, H, W) scaled to [0, 1]) and int64 labels."""
+    """Features as floats (images: (N, C, H, W) scaled to [0, 1]; float64 columns stay
+    float64, the rest become float32; the client casts them to its model's dtype) and labels:
+    int64 classes, or for regression float targets (float64 kept)."""
     column = _feature_column(cfg, ds)
     values = ds[column]
     x = np.stack([np.asarray(v) for v in values]) if len(values) else np.zeros((0, 1))
@@ -236,11 +276,22 @@ def _to_arrays(cfg: Config, ds: datasets.Dataset) -> tuple[np.ndarray, np.ndarra
             x = x[:, None]
         elif x.ndim == 4 and x.shape[-1] in (1, 3, 4):  # (N, H, W, C)
             x = x.transpose(0, 3, 1, 2)
-        x = x / 255.0
-    return x.astype(np.float32), np.asarray(ds[cfg.label_column], dtype=np.int64)
+        x = (x / 255.0).astype(np.float32)
+    y = np.asarray(ds[cfg.label_column])
+    if cfg.effective_task == "classification":
+        return _floats(x), y.astype(np.int64)
+    return _floats(x), _floats(y)
+
+
+def _floats(a: np.ndarray) -> np.ndarray:
+    return a if a.dtype == np.float64 else a.astype(np.float32)
 
 
 def _num_classes(cfg: Config, ds: datasets.Dataset) -> int:
+    """Classes (classification) or outputs per example (regression)."""
+    if cfg.effective_task == "regression":
+        first = np.asarray(ds[cfg.label_column][0])
+        return int(first.size)
     feature = ds.features[cfg.label_column]
     if isinstance(feature, datasets.ClassLabel):
         return feature.num_classes
@@ -257,14 +308,18 @@ class _Source:
     federated: FederatedDataset | None = None  # hub source
     arrays: tuple[np.ndarray, np.ndarray] | None = None  # built-in sources
 
-    def partition(self, cfg: Config, partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+    def partition(
+        self, cfg: Config, partition_id: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The partition's features, labels and fixed test mask (None: none fixed)."""
         if self.federated is not None:
-            return _to_arrays(cfg, self.federated.load_partition(partition_id, "train"))
+            part = self.federated.load_partition(partition_id, "train")
+            return (*_to_arrays(cfg, part), _test_mask(cfg, part))
         part = self.partitioner.load_partition(partition_id)
         if self.arrays is not None:
             rows = np.asarray(part[_ROW], dtype=np.int64)
-            return self.arrays[0][rows], self.arrays[1][rows]
-        return _to_arrays(cfg, part)
+            return self.arrays[0][rows], self.arrays[1][rows], None
+        return (*_to_arrays(cfg, part), _test_mask(cfg, part))
 
 
 def _check_partitions(cfg: Config, partitioner: Partitioner, num_partitions: int) -> None:
@@ -326,6 +381,9 @@ def _source(cfg: Config, num_partitions: int) -> _Source:
         return _Source(info, federated=fds)
     if cfg.dataset.startswith("disk:"):
         ds = _load_disk(cfg.dataset[5:]).shuffle(seed=cfg.seed)
+        if cfg.partitioner == "natural":  # partition i = the i-th id in sorted order
+            _check_column(cfg.natural_column, ds, "natural-column")
+            ds = ds.sort(cfg.natural_column)
         arrays = None
     else:
         x, y, extra = _builtin_arrays(cfg, num_partitions)
@@ -365,9 +423,23 @@ class ClientArrays:
     y_test: np.ndarray
 
 
+def random_split(
+    n: int, test_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Train and test indices, a random ``test_fraction`` on the test side (at least one
+    example on each side when there are two): the split of regression data."""
+    order = rng.permutation(n)
+    n_test = int(round(n * test_fraction))
+    if n >= 2:
+        n_test = min(max(n_test, 1), n - 1)
+    return np.sort(order[n_test:]), np.sort(order[:n_test])
+
+
 @functools.lru_cache(maxsize=64)
 def client_arrays(cfg: Config, partition_id: int, num_partitions: int) -> ClientArrays:
-    """The client's train and test arrays, deterministic in ``seed``."""
+    """The client's train and test arrays, deterministic in ``seed``: the fixed assignment
+    of the source when it has one (``test-column``, train/test splits on disk), else a split
+    of the partition by ``test-fraction`` (stratified by label for classification)."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition id {partition_id} is outside 0..{num_partitions - 1}")
     if cfg.dataset == "synthetic-linear":
@@ -380,26 +452,39 @@ def client_arrays(cfg: Config, partition_id: int, num_partitions: int) -> Client
             seed=cfg.seed,
         ).rows()
         return ClientArrays(x, y, x, y)  # float64, as the model
-    x, y = _source(cfg, num_partitions).partition(cfg, partition_id)
+    x, y, fixed = _source(cfg, num_partitions).partition(cfg, partition_id)
     rng = np.random.default_rng([cfg.seed, partition_id])
-    train, test = stratified_split(y, cfg.test_fraction, rng)
+    if fixed is not None:
+        train, test = np.flatnonzero(~fixed), np.flatnonzero(fixed)
+    elif cfg.effective_task == "regression":
+        train, test = random_split(len(y), cfg.test_fraction, rng)
+    else:
+        train, test = stratified_split(y, cfg.test_fraction, rng)
     if cfg.max_train_samples and len(train) > cfg.max_train_samples:
         train = np.sort(rng.choice(train, cfg.max_train_samples, replace=False))
     return ClientArrays(x[train], y[train], x[test], y[test])
 
 
 def load_client_data(
-    cfg: Config, partition_id: int, num_partitions: int
+    cfg: Config, partition_id: int, num_partitions: int, dtype: torch.dtype | None = None
 ) -> tuple[DataLoader, DataLoader]:
     """Train and test loaders of client ``partition_id`` out of ``num_partitions``.
 
     The train loader reshuffles every epoch from a generator seeded by ``seed`` and the
-    partition id, so a run is reproducible.
+    partition id, so a run is reproducible. ``dtype`` (the model's): features and
+    regression targets are cast to it once here, not per batch.
     """
     a = client_arrays(cfg, partition_id, num_partitions)
     generator = torch.Generator().manual_seed(int(cfg.seed) * 100_003 + partition_id)
-    train = TensorDataset(torch.from_numpy(a.x_train), torch.from_numpy(a.y_train))
-    test = TensorDataset(torch.from_numpy(a.x_test), torch.from_numpy(a.y_test))
+
+    def tensors(x: np.ndarray, y: np.ndarray) -> TensorDataset:
+        x_t, y_t = torch.from_numpy(x), torch.from_numpy(y)
+        if dtype is not None and dtype.is_floating_point:
+            x_t = x_t.to(dtype)
+            y_t = y_t.to(dtype) if y_t.is_floating_point() else y_t
+        return TensorDataset(x_t, y_t)
+
+    train, test = tensors(a.x_train, a.y_train), tensors(a.x_test, a.y_test)
     return (
         batched(train, cfg.batch_size, shuffle=True, generator=generator),
         batched(test, cfg.eval_batch_size),

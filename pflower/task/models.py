@@ -13,6 +13,8 @@ initialisation, so every client (and the server) builds identical adapters.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 from collections.abc import Sequence
 
@@ -171,4 +173,50 @@ def build_model(
             raise ValueError(f"unknown model {name!r}")
     if any(True for _ in model.buffers()):
         raise AssertionError(f"model {name!r} has buffers; pflower models must have none")
+    return model
+
+
+def import_object(path: str, key: str = "model"):
+    """The object named by ``module.path:attribute`` (the ``model`` / ``loss`` keys)."""
+    module_name, _, attr = path.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"key {key!r} = {path!r}: cannot import {module_name!r} ({err})") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"key {key!r} = {path!r}: module {module_name!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def build_user_model(
+    path: str, input_shape: Sequence[int], num_classes: int, *, seed: int = 0
+) -> nn.Module:
+    """A model of your own: ``module:Class`` (or a factory function) returning an ``nn.Module``.
+
+    It is called with the keyword arguments it declares among ``input_shape`` (a tuple, no
+    batch dimension) and ``num_classes`` (classes, or outputs of a regression model), under
+    ``torch.manual_seed(seed)`` so that the server and every client build the same initial
+    model. Any parameter names work; choose the personal ones with ``split-patterns``.
+    """
+    factory = import_object(path)
+    if not callable(factory):
+        raise ValueError(f"key 'model' = {path!r}: not a class or function")
+    offered = {"input_shape": tuple(int(s) for s in input_shape), "num_classes": num_classes}
+    try:
+        accepted = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # builtins without a signature: call with nothing
+        accepted = {}
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+    kwargs = {k: v for k, v in offered.items() if takes_any or k in accepted}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = factory(**kwargs)
+    if not isinstance(model, nn.Module):
+        raise ValueError(
+            f"key 'model' = {path!r}: returned {type(model).__name__}, not a torch.nn.Module"
+        )
+    if not any(True for _ in model.parameters()):
+        raise ValueError(f"key 'model' = {path!r}: the model has no parameters")
     return model

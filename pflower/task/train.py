@@ -9,6 +9,7 @@ copying it.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,12 +22,48 @@ from torch.utils.data import DataLoader
 
 def loss_fn(model: nn.Module):
     """The model's loss ``(output, target, reduction) -> tensor``: cross-entropy unless the
-    model defines its own ``loss`` (e.g. the squared error of the synthetic linear problem)."""
+    model carries its own ``loss`` (the synthetic linear problem's squared error, a model of
+    your own with a ``loss`` method, or the run's ``loss`` key set by ``set_objective``).
+
+    The protocol: ``loss(output, target, reduction="mean")`` returns the mean over the batch
+    of the per-example loss, and with ``reduction="sum"`` its sum (evaluation divides that by
+    the number of examples)."""
     return getattr(model, "loss", F.cross_entropy)
 
 
 def is_classifier(model: nn.Module) -> bool:
-    return not hasattr(model, "loss")
+    """Whether accuracy means something (``task``); without a stated task, models with a loss
+    of their own are regression models."""
+    task = getattr(model, "pflower_task", None)
+    return task == "classification" if task else not hasattr(model, "loss")
+
+
+def mse(output: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Squared error per example (averaged over the outputs of a multi-output model), then
+    the mean (or sum) over the batch; the target is cast to the output's dtype and shape."""
+    target = target.to(output.dtype).reshape(output.shape)
+    per_example = (output - target).pow(2).reshape(len(output), -1).mean(1)
+    return per_example.sum() if reduction == "sum" else per_example.mean()
+
+
+def set_objective(model: nn.Module, loss: str, task: str, load=None) -> nn.Module:
+    """Attach the run's loss and task to ``model`` (what ``loss_fn`` and ``is_classifier``
+    read). ``loss``: ``auto`` keeps a ``loss`` method the model has, else cross-entropy for
+    classification and ``mse`` for regression; ``cross-entropy``; ``mse``; or an import
+    path resolved by ``load``. ``task``: ``classification`` or ``regression``."""
+    if loss == "cross-entropy":
+        model.loss = F.cross_entropy
+    elif loss == "mse":
+        model.loss = mse
+    elif loss != "auto":
+        fn = load(loss)
+        if not callable(fn):
+            raise ValueError(f"key 'loss' = {loss!r}: not a function")
+        model.loss = fn
+    elif not hasattr(model, "loss"):
+        model.loss = F.cross_entropy if task == "classification" else mse
+    model.pflower_task = task
+    return model
 
 
 @dataclass(frozen=True)
@@ -125,17 +162,21 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device | str = 
     """Mean loss and (for classifiers) accuracy of ``model`` over ``loader``."""
     model.eval()
     criterion, classifier = loss_fn(model), is_classifier(model)
-    loss, correct, n = 0.0, 0, 0
+    loss, correct, squared, n = 0.0, 0, 0.0, 0
     for x, y in loader:
         x, y = x.to(device), y.to(device)
         out = model(x)
         loss += criterion(out, y, reduction="sum").item()
         if classifier:
             correct += int((out.argmax(1) == y).sum())
+        else:  # whatever the loss, the squared error of the prediction (RMSE)
+            squared += mse(out, y, reduction="sum").item()
         n += len(y)
     result = {"loss": loss / max(1, n), "num-examples": n}
     if classifier:
         result.update({"accuracy": correct / max(1, n), "correct": correct})
+    else:
+        result["rmse"] = math.sqrt(squared / max(1, n))
     return result
 
 
