@@ -176,6 +176,9 @@ class Config(BaseModel):
     personal_epochs: int = Field(1, alias="personal-epochs", ge=0)
     personal_steps: int = Field(0, alias="personal-steps", ge=0)
     stateful: bool = True
+    #: FedAlt / FedSim server mean: ``num-examples`` (alpha_i ~ N_i, the paper's objective)
+    #: or ``uniform`` (every sampled client counts the same)
+    fedalt_weighting: str = Field("num-examples", alias="fedalt-weighting")
     pretrain_rounds: int = Field(0, alias="pretrain-rounds", ge=0)
     pretrain_lr: float = Field(0.0, alias="pretrain-lr", ge=0)
 
@@ -284,6 +287,7 @@ class Config(BaseModel):
                 "no pre-training rounds and no robust rule (set 0 and 'none')"
             )
         _one_of("apfl-weighting", self.apfl_weighting, FFGG_WEIGHTINGS)
+        _one_of("fedalt-weighting", self.fedalt_weighting, FFGG_WEIGHTINGS)
         _one_of("lr-schedule", self.lr_schedule, LR_SCHEDULES)
         _one_of("ffgg-init", self.ffgg_init, FFGG_INITS)
         _one_of("ffgg-solver", self.ffgg_solver, FFGG_SOLVERS)

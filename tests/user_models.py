@@ -54,3 +54,20 @@ class OddNames(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = torch.tanh(x.flatten(1) @ self.encoder_kernel + self.encoder_shift)
         return hidden @ self.readout["matrix"] + self.readout["offset"]
+
+
+class TinyMLP64(nn.Module):
+    """A float64 classifier: body ``Linear -> tanh`` and a linear head ``head`` (the last
+    ``nn.Linear``: PFLEGO's and the ``head`` split's personal part). In float64 every update
+    rule can be checked to ~1e-12 end to end."""
+
+    def __init__(self, input_shape, num_classes, hidden: int = 8):
+        super().__init__()
+        flat = 1
+        for s in input_shape:
+            flat *= s
+        self.body = nn.Linear(flat, hidden, dtype=torch.float64)
+        self.head = nn.Linear(hidden, num_classes, dtype=torch.float64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.body(x.flatten(1).to(torch.float64))))

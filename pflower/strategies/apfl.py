@@ -159,7 +159,7 @@ class APFLClient(ClientHalf):
                     a.clamp_(0.0, 1.0)
             total += float(loss_bar.detach()) * len(y)
             examples += len(y)
-        return float(a), total / max(1, examples), examples
+        return float(a.detach()), total / max(1, examples), examples
 
     def _tau(self, job: ClientJob) -> int:
         return job.cfg.local_steps or job.cfg.local_epochs * len(job.train_loader)

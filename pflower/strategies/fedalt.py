@@ -51,15 +51,30 @@ class FedAlt(PersonalizedStrategy):
     shared parameters, through the server optimizer (SGD with lr 1 = the mean; Adam = FedAdam).
 
     The server half of FedAlt and FedSim is the same; they differ on the client
-    (``FedAltClient``: LocalAlt, ``FedSimClient``: LocalSim). Takes the parameters of
-    ``PersonalizedStrategy``; each round's config carries ``lr`` and ``lr-scale`` (the
-    schedule's factor, which the client applies to its personal lr as well).
+    (``FedAltClient``: LocalAlt, ``FedSimClient``: LocalSim). Each round's config carries
+    ``lr`` and ``lr-scale`` (the schedule's factor, which the client applies to its personal
+    lr as well).
+
+    Parameters
+    ----------
+    weighted : bool (default: True)
+        ``True``: ``u_bar = sum_i N_i u_i / sum_i N_i`` over the round's clients, the paper's
+        objective ``sum_i alpha_i F_i``, alpha_i ~ N_i (every training example counts the
+        same; the authors' code weights by local batches, which is proportional to N_i up to
+        the last partial batch). ``False``: the plain mean (every sampled client counts the
+        same, the objective ``(1/n) sum_i F_i``).
+    **kwargs
+        The parameters of ``PersonalizedStrategy``.
     """
+
+    def __init__(self, *, weighted: bool = True, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.weighted = weighted
 
     def aggregate(
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
-        return self.average_weights(current, updates)
+        return self.average_weights(current, updates, weighted=self.weighted)
 
 
 class FedSim(FedAlt):
@@ -128,8 +143,8 @@ class FedSimClient(_PartialClient):
 
 
 def fedalt_strategy(cfg: Config, **kwargs) -> FedAlt:
-    return FedAlt(**kwargs)
+    return FedAlt(weighted=cfg.fedalt_weighting == "num-examples", **kwargs)
 
 
 def fedsim_strategy(cfg: Config, **kwargs) -> FedSim:
-    return FedSim(**kwargs)
+    return FedSim(weighted=cfg.fedalt_weighting == "num-examples", **kwargs)
