@@ -7,7 +7,7 @@ step, alpha_i) is visible.
 client i in I_t (theta frozen):  tau - 1 head GD steps (beta) on phi(X_i; theta);
                                  g_i = grad_theta l_i, g_W = grad_W l_i at that head;
                                  W_i <- W_i - rho (I/r) [alpha_i] g_W
-server:  theta <- theta - rho (I/r_t) sum_i alpha_i g_i,  alpha_i = N_i / sum_all N_j   (global)
+server:  theta <- theta - rho (I/r_t) sum_i alpha_i g_i,  alpha_i = N_i / sum_all N_j  (global)
          theta <- theta - rho sum_i N_i g_i / sum_{i in I_t} N_i                        (sampled)
 """
 
@@ -27,7 +27,7 @@ from pflower.task.data import client_arrays
 from pflower.task.split import get_tensors
 from pflower.task.state import open_store
 
-I, TAU, BETA, RHO = 4, 3, 0.2, 0.1
+NUM_CLIENTS, TAU, BETA, RHO = 4, 3, 0.2, 0.1
 HEAD = ("head.weight", "head.bias")
 
 
@@ -91,7 +91,7 @@ def test_pflego_round_with_partial_participation_equals_the_papers_step(alpha_mo
             trained.append(int(context.node_config["partition-id"]))
         return honest(msg, context)
 
-    grid = LocalGrid(recording, I)
+    grid = LocalGrid(recording, NUM_CLIENTS)
     # every client's current head (its state from earlier rounds), drawn here
     g = torch.Generator().manual_seed(3)
     heads = {}
@@ -107,21 +107,22 @@ def test_pflego_round_with_partial_participation_equals_the_papers_step(alpha_mo
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(theta0), num_rounds=1)
 
     data = {}
-    for pid in range(I):
-        a = client_arrays(cfg, pid, I)
+    for pid in range(NUM_CLIENTS):
+        a = client_arrays(cfg, pid, NUM_CLIENTS)
         data[pid] = (torch.from_numpy(a.x_train).double(), torch.from_numpy(a.y_train).long())
     sizes = {pid: len(d[1]) for pid, d in data.items()}
-    assert len(set(sizes.values())) == I, "client sizes must differ for the test to bite"
+    assert len(set(sizes.values())) == NUM_CLIENTS, "client sizes must differ for the test to bite"
     assert len(trained) == 2, "r = 2 of I = 4"
     total = sum(sizes.values())
-    head_rate = RHO * I / len(trained)
+    head_rate = RHO * NUM_CLIENTS / len(trained)
     gradients, new_heads = {}, {}
     for pid in trained:
         rate = head_rate * (sizes[pid] / total if head_alpha else 1.0)
         gradients[pid], new_heads[pid] = client_step(theta0, heads[pid], *data[pid], rate)
     for name in split.shared:
         if alpha_mode == "global":
-            G = I / len(trained) * sum(sizes[p] / total * gradients[p][name] for p in trained)
+            share = NUM_CLIENTS / len(trained)  # I / r_t
+            G = share * sum(sizes[p] / total * gradients[p][name] for p in trained)
         else:
             G = sum(sizes[p] * gradients[p][name] for p in trained) / sum(sizes[p] for p in trained)
         torch.testing.assert_close(
