@@ -95,9 +95,13 @@ def test_label_flip_trains_on_flipped_labels():
 
     flipped = attacks.flip_labels(TensorDataset(torch.zeros(3, 2), torch.tensor([0, 3, 9])), 10)
     assert flipped.tensors[1].tolist() == [9, 6, 0]
-    byz = {i: {"byzantine": "label-flip"} for i in (0, 1)}
-    report = run_local({**BASE, "algorithm": "fedavg", "split": "none"}, 5, node_configs=byz)
-    assert report.final["clients"] == 5
+    # 3 of 5 clients learn y -> 9 - y: the global model is pulled to the flipped labels
+    byz = {i: {"byzantine": "label-flip"} for i in (0, 1, 2)}
+    honest = run_local(ATTACKED, 5)
+    attacked = run_local(ATTACKED, 5, node_configs=byz)
+    assert attacked.final["clients"] == 5
+    good = honest.final["global-accuracy"]
+    assert attacked.final["global-accuracy"] < good - 0.3, (good, attacked.final)
 
 
 # --- omniscient attacks (ALIE, IPM), simulated on the server ---------------------------------
@@ -166,12 +170,39 @@ def test_server_replaces_tagged_replies_in_update_space(returns_weights):
     assert [u.node_id for u in plain.simulate_omniscient(1, current, updates)] == [0, 1, 2]
 
 
-@pytest.mark.parametrize("attack", ["alie", "ipm"])
-def test_omniscient_attack_end_to_end(attack):
-    byz = {0: {"byzantine": attack, "byzantine-epsilon": 0.1}, 1: {"byzantine": attack}}
-    common = {**BASE, "algorithm": "fedalt", "robust-aggregator": "median", "robust-byzantine": 2}
-    report = run_local({**common, "attack-simulation": True}, 6, node_configs=byz)
-    assert all(r.train["applied"] == 6 for r in report.rounds if r.train)
-    # a node told to be ALIE without the simulation errors; its reply is dropped, run goes on
-    refused = run_local(common, 6, node_configs=byz)
+ATTACKED = {
+    **BASE,
+    "algorithm": "fedavg",
+    "split": "none",
+    "partitioner": "iid",
+    "fraction-train": 1.0,
+    "local-epochs": 2,
+    "lr": 0.3,
+}
+
+
+@pytest.mark.parametrize(
+    "attack, strength", [("alie", {"byzantine-z": 20.0}), ("ipm", {"byzantine-epsilon": 5.0})]
+)
+def test_omniscient_attack_breaks_the_mean_and_the_rule_holds(attack, strength):
+    """3 of 10 colluding Byzantines (strong settings): with the plain mean the model is
+    ruined; coordinate median + the tolerance f = 3 stays near the honest run."""
+    byz = {i: {"byzantine": attack, **strength} for i in (0, 1, 2)}
+    honest = run_local(ATTACKED, 10)
+    mean = run_local({**ATTACKED, "attack-simulation": True}, 10, node_configs=byz)
+    robust = {"robust-aggregator": "median", "robust-byzantine": 3, "attack-simulation": True}
+    held = run_local({**ATTACKED, **robust}, 10, node_configs=byz)
+    assert all(r.train["applied"] == 10 for r in mean.rounds if r.train)  # replaced, not dropped
+    good, broken = honest.final["global-accuracy"], mean.final["global-accuracy"]
+    assert good > 0.7  # measured 0.75
+    assert broken < 0.3, broken  # measured 0.10 (ALIE), 0.01 (IPM): chance is 0.1
+    # measured 0.64 (ALIE), 0.59 (IPM): the median of 7 honest clients is noisier than
+    # their mean, and the attackers still shift it, but it learns
+    assert held.final["global-accuracy"] > max(0.5, broken + 0.3), held.final
+
+
+def test_omniscient_nodes_without_the_simulation_are_dropped_and_the_run_goes_on():
+    byz = {0: {"byzantine": "ipm"}, 1: {"byzantine": "alie"}}
+    refused = run_local(ATTACKED, 6, node_configs=byz)
     assert refused.dropped == 2 * 3
+    assert all(r.train["applied"] == 4 for r in refused.rounds if r.train)

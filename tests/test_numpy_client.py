@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -80,8 +79,19 @@ def test_only_shared_parameters_cross_and_personal_ones_persist(task_identity, t
     again = PersonalizedNumPyClient(
         build_run_model(cfg), split, train, test, "fedalt", run_config=RUN, state_dir=str(tmp_path)
     )
-    loss, _, _ = again.evaluate(new, {"server-round": 2})
-    assert np.isfinite(loss)
+    loss, _, metrics = again.evaluate(new, {"server-round": 2})
+    original = client.evaluate(new, {"server-round": 2})
+    assert (loss, metrics) == (original[0], original[2])  # the same layers: the same numbers
+    blank = PersonalizedNumPyClient(
+        build_run_model(cfg),
+        split,
+        train,
+        test,
+        "fedalt",
+        run_config=RUN,
+        state_dir=str(tmp_path / "blank"),
+    )
+    assert blank.evaluate(new, {"server-round": 2})[0] != loss  # without them: the init
     app = numpy_client_app(lambda context: client)
     record = ArrayRecord({k: Array(a) for k, a in zip(split.shared, shared)})
     content = RecordDict({"arrays": record, "config": ConfigRecord({"lr": 0.1})})
