@@ -304,3 +304,49 @@ def test_l2gd_is_its_coin_by_coin_iteration(data):
     for m, tensors in stored(grid, "l2gd-model").items():
         mine = np.concatenate([tensors["body_coefficients"], tensors["per_user_offset"]])
         np.testing.assert_allclose(mine, xs[m], **TOL)
+
+
+@pytest.mark.parametrize("weighting", ["uniform", "num-examples"])
+def test_apfl_rounds(data, weighting):
+    """Deng et al.: per step w <- w - eta grad f(w); v <- v - eta alpha grad f(v_bar);
+    alpha <- Proj(alpha - eta <v - w, grad f(v_bar)>), all at the step's start,
+    eta = eta_0 decay^((round - 1) tau + k); v, alpha stay; server: mean of the w_i."""
+    path, X, t = data
+    lr, decay, tau, alpha0, R = 0.05, 0.9, 3, 0.4, 3
+    got, sampled, grid, _ = run(
+        path,
+        {
+            "algorithm": "apfl",
+            "lr": lr,
+            "apfl-lr-decay": decay,
+            "apfl-alpha": alpha0,
+            "local-steps": tau,
+            "fraction-train": 0.5,
+            "apfl-weighting": weighting,
+        },
+        R,
+    )
+    d = D_SHARED + D_PERSONAL
+    z = np.zeros(d)
+    state = {}  # m -> (v, alpha)
+    for r in range(1, R + 1):
+        ws, sizes = [], []
+        for m in sampled[r]:
+            w = z.copy()
+            v, alpha = state.get(m, (z.copy(), alpha0))
+            for k in range(tau):
+                eta = lr * decay ** ((r - 1) * tau + k)
+                g_w = grad(X[m], t[m], w)
+                g_bar = grad(X[m], t[m], alpha * v + (1 - alpha) * w)
+                g_alpha = float((v - w) @ g_bar)
+                w, v = w - eta * g_w, v - eta * alpha * g_bar
+                alpha = min(1.0, max(0.0, alpha - eta * g_alpha))
+            state[m] = (v, alpha)
+            ws.append(w)
+            sizes.append(len(t[m]) if weighting == "num-examples" else 1.0)
+        z = np.average(ws, axis=0, weights=sizes)
+    np.testing.assert_allclose(got, z, **TOL)
+    for m, tensors in stored(grid, "apfl-v").items():
+        v = np.concatenate([tensors["body_coefficients"], tensors["per_user_offset"]])
+        np.testing.assert_allclose(v, state[m][0], **TOL)
+    assert any(abs(a - alpha0) > 1e-3 for _, a in state.values())  # alpha moved

@@ -93,9 +93,20 @@ class FFGG(_GradientStrategy):
     """FFGG's server (Alg. 1): ``theta <- theta - gamma_theta * mean_m Delta_m``.
 
     ``gamma_theta`` is the server optimizer's lr (``server-lr``; SGD by default; Adam as an
-    option). Takes ``weighted`` (default ``False``: the paper's unweighted mean;
-    ``True``: weighted by the clients' data sizes) and the parameters of
-    ``PersonalizedStrategy``; its replies carry the key ``gradient``.
+    option). Replies carry the key ``gradient``: Delta_m, the theta-gradient of client m's
+    **mean** loss f_m / N_m at its fine-tuned w.
+
+    Parameters
+    ----------
+    weighted : bool (default: False)
+        ``False``: the unweighted mean of Alg. 1, so theta* solves
+        ``sum_m (1/N_m) grad_theta f_m(theta, w*_m) = 0`` -- every client counts the same,
+        the objective ``(1/M) sum_m f_m / N_m``. ``True``: weights N_m, so theta* solves
+        ``sum_m grad_theta f_m(theta, w*_m) = 0`` -- every example counts the same, the
+        paper's §3.1 operator F with f_m summed over the client's rows. Equal data sizes
+        (as in §3.1) make the two the same.
+    **kwargs
+        The parameters of ``PersonalizedStrategy``.
     """
 
     def __init__(self, **kwargs) -> None:
@@ -105,7 +116,9 @@ class FFGG(_GradientStrategy):
 class LocalFFGG(_GradientStrategy):
     """Local FFGG's server (Alg. 4): ``theta <- ServerOpt(theta, mean_m Delta_m)`` with
     ``Delta_m = theta^r - theta^{r,K}``; SGD with lr 1 is FedAvg, Adam is FedAdam.
-    Replies carry the key ``delta``."""
+    Replies carry the key ``delta``. Takes ``weighted`` (as ``FFGG``: unweighted mean by
+    default, data-size weighted with ``True``) and the parameters of
+    ``PersonalizedStrategy``."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(reply_key=DELTA, **kwargs)

@@ -276,15 +276,25 @@ def _to_arrays(cfg: Config, ds: datasets.Dataset) -> tuple[np.ndarray, np.ndarra
             x = x[:, None]
         elif x.ndim == 4 and x.shape[-1] in (1, 3, 4):  # (N, H, W, C)
             x = x.transpose(0, 3, 1, 2)
-        x = (x / 255.0).astype(np.float32)
+        x = x / 255.0
     y = np.asarray(ds[cfg.label_column])
+    x = _floats(x, ds.features[column])
     if cfg.effective_task == "classification":
-        return _floats(x), y.astype(np.int64)
-    return _floats(x), _floats(y)
+        return x, y.astype(np.int64)
+    return x, _floats(y, ds.features[cfg.label_column])
 
 
-def _floats(a: np.ndarray) -> np.ndarray:
-    return a if a.dtype == np.float64 else a.astype(np.float32)
+def _floats(a: np.ndarray, feature) -> np.ndarray:
+    """float64 if the column is declared float64 (precision a float64 model can use),
+    float32 otherwise (Python lists come back as float64 whatever was stored)."""
+    return a.astype(np.float64 if _declared_float64(feature) else np.float32, copy=False)
+
+
+def _declared_float64(feature) -> bool:
+    if getattr(feature, "dtype", None) == "float64":
+        return True
+    inner = getattr(feature, "feature", None)  # Sequence / List / LargeList
+    return inner is not None and _declared_float64(inner)
 
 
 def _num_classes(cfg: Config, ds: datasets.Dataset) -> int:

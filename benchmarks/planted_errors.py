@@ -1,0 +1,493 @@
+"""Plant one error at a time into an update rule and check that a test fails.
+
+Each entry below changes one coefficient, sign, order, weight or state rule of one
+algorithm (in a copy of the repository: the working tree is never touched), runs that
+algorithm's tests there and records which tests failed. An entry that no test catches is a
+hole in the suite. Writes a Markdown table (and JSON) under ``benchmarks/results/``.
+
+    python benchmarks/planted_errors.py               # every entry, ~10 min on 2 cores
+    python benchmarks/planted_errors.py --only apfl   # entries whose name starts with apfl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+S = "pflower/strategies/"
+T = "tests/"
+EXACT = [f"{T}test_exact_rounds.py", f"{T}test_bring_your_own.py"]
+
+
+@dataclass
+class Plant:
+    name: str
+    path: str
+    edits: list[tuple[str, str]]  # (exact old text, new text), each old text unique
+    tests: list[str]
+
+
+PLANTS = [
+    # --- APFL ---------------------------------------------------------------------------
+    Plant(
+        "apfl: v step without the alpha factor",
+        S + "apfl.py",
+        [("t -= eta * g\n", "t -= eta * g / a.detach().clamp_min(1e-3)\n")],
+        [T + "test_exact_apfl.py", T + "test_apfl.py"],
+    ),
+    Plant(
+        "apfl: alpha step with a factor 2",
+        S + "apfl.py",
+        [("a -= eta * grads[-1]", "a -= 2 * eta * grads[-1]")],
+        [T + "test_exact_apfl.py", T + "test_apfl.py"],
+    ),
+    Plant(
+        "apfl: alpha step with the wrong sign",
+        S + "apfl.py",
+        [("a -= eta * grads[-1]", "a += eta * grads[-1]")],
+        [T + "test_exact_apfl.py", T + "test_apfl.py"],
+    ),
+    Plant(
+        "apfl: w updated before v_bar is formed (order inside a step)",
+        S + "apfl.py",
+        [
+            (
+                "            loss_bar = self._mixed_loss(job, v, a, w_now, x, y)\n",
+                "            if train_w:\n"
+                "                with torch.no_grad():\n"
+                "                    for p, g in zip(params.values(), g_w):\n"
+                "                        p.add_(g, alpha=-eta)\n"
+                "            loss_bar = self._mixed_loss(job, v, a, w_now, x, y)\n",
+            ),
+            (
+                "                        p.add_(g, alpha=-eta)\n                for t",
+                "                        pass\n                for t",
+            ),
+        ],
+        [T + "test_exact_apfl.py", T + "test_apfl.py"],
+    ),
+    Plant(
+        "apfl: step size decays with the local step only (not the global t)",
+        S + "apfl.py",
+        [("cfg.apfl_lr_decay ** (first_step + k)", "cfg.apfl_lr_decay**k")],
+        [T + "test_exact_apfl.py", T + "test_apfl.py"],
+    ),
+    Plant(
+        "apfl: server mean weighted by data size (paper: unweighted)",
+        S + "apfl.py",
+        [("weighted=self.weighted)", "weighted=True)")],
+        [T + "test_exact_rounds.py", T + "test_apfl.py"],
+    ),
+    # --- PFLEGO -------------------------------------------------------------------------
+    Plant(
+        "pflego: head step size doubled",
+        S + "pflego.py",
+        [('rate = float(config["pflego-head-lr"])', 'rate = 2 * float(config["pflego-head-lr"])')],
+        [T + "test_exact_pflego.py", T + "test_pflego.py"],
+    ),
+    Plant(
+        "pflego: no I/r in the head step",
+        S + "pflego.py",
+        [("self.server_optimizer.lr * self.num_nodes / r", "self.server_optimizer.lr")],
+        [T + "test_exact_pflego.py", T + "test_pflego.py"],
+    ),
+    Plant(
+        "pflego: no I/r_t in the server step",
+        S + "pflego.py",
+        [("scale = self.num_nodes / len(updates)", "scale = 1.0")],
+        [T + "test_exact_pflego.py", T + "test_pflego.py"],
+    ),
+    Plant(
+        "pflego: global alpha normalised over the sampled clients",
+        S + "pflego.py",
+        [("total = self.num_train_total or float(sum(sizes))", "total = float(sum(sizes))")],
+        [T + "test_exact_pflego.py", T + "test_pflego.py"],
+    ),
+    Plant(
+        "pflego: sampled alpha unweighted",
+        S + "pflego.py",
+        [
+            (
+                "gradient = weighted_mean([u.tensors for u in updates], sizes)",
+                "gradient = weighted_mean([u.tensors for u in updates], [1.0] * len(sizes))",
+            )
+        ],
+        [T + "test_exact_pflego.py", T + "test_pflego.py"],
+    ),
+    Plant(
+        "pflego: g_theta taken after the head step (3)",
+        S + "pflego.py",
+        [
+            (
+                "        job.save_personal()\n        record = ArrayRecord(",
+                "        g_theta = training.full_gradient(job.model, shared, job.train_loader, "
+                "job.device)\n        job.save_personal()\n        record = ArrayRecord(",
+            )
+        ],
+        [T + "test_exact_pflego.py", T + "test_pflego.py"],
+    ),
+    Plant(
+        "pflego: eq. (5)'s alpha_i ignored when pflego-head-alpha is on",
+        S + "pflego.py",
+        [
+            (
+                'rate *= job.num_train / float(config.get("pflego-total-examples", job.num_train))',
+                "rate *= 1.0",
+            )
+        ],
+        [T + "test_exact_pflego.py", T + "test_pflego.py"],
+    ),
+    Plant(
+        "pflego: head gradient summed instead of averaged",
+        S + "pflego.py",
+        [("    p /= len(y)\n", "")],
+        [T + "test_exact_pflego.py", T + "test_pflego.py"],
+    ),
+    Plant(
+        "pflego: head steps at lr instead of personal-lr (beta)",
+        S + "pflego.py",
+        [("beta = job.cfg.effective_personal_lr", "beta = job.cfg.lr")],
+        [T + "test_exact_pflego.py", T + "test_pflego.py"],
+    ),
+    # --- FedAlt / FedSim ----------------------------------------------------------------
+    Plant(
+        "fedalt: server mean unweighted",
+        S + "fedalt.py",
+        [("weighted=self.weighted)", "weighted=False)")],
+        [T + "test_exact_rounds.py", T + "test_fedalt.py"],
+    ),
+    Plant(
+        "fedalt: u phase before the v phase",
+        S + "fedalt.py",
+        [
+            (
+                "        personal = job.sgd(\n            job.personal_params(),",
+                '        shared = job.sgd(job.shared_params(), lr=float(config["lr"]))\n'
+                "        personal = job.sgd(\n            job.personal_params(),",
+            ),
+            (
+                "        )\n        shared = job.sgd(job.shared_params(), "
+                'lr=float(config["lr"]))\n',
+                "        )\n",
+            ),
+        ],
+        [T + "test_exact_rounds.py", T + "test_fedalt.py"],
+    ),
+    Plant(
+        "fedsim: personal part stepped at lr, not personal-lr",
+        S + "fedalt.py",
+        [
+            (
+                '{"params": job.personal_params(), "lr": self.personal_lr(job, config)}',
+                '{"params": job.personal_params(), "lr": lr}',
+            )
+        ],
+        [T + "test_exact_rounds.py", T + "test_fedalt.py"],
+    ),
+    Plant(
+        "fedalt: stateful clients restart v from the init every round",
+        S + "fedalt.py",
+        [
+            (
+                "        if job.cfg.stateful:\n            job.restore_personal()\n",
+                "        if job.cfg.stateful:\n            self.new_client(job)\n",
+            )
+        ],
+        [T + "test_exact_rounds.py", T + "test_fedalt.py", T + "test_isolation.py"],
+    ),
+    # --- FFGG ---------------------------------------------------------------------------
+    Plant(
+        "ffgg: weighting options swapped",
+        S + "ffgg.py",
+        [
+            (
+                "weights = [u.num_examples if self.weighted else 1.0 for u in updates]",
+                "weights = [1.0 if self.weighted else u.num_examples for u in updates]",
+            )
+        ],
+        [T + "test_bring_your_own.py", T + "test_exact_rounds.py", T + "test_ffgg.py"],
+    ),
+    Plant(
+        "ffgg: w not re-drawn each round (stateless by default)",
+        S + "ffgg.py",
+        [
+            (
+                "message's seed\n            reset_personal(job)\n",
+                "message's seed\n            pass\n",
+            )
+        ],
+        [T + "test_isolation.py", T + "test_ffgg.py"],
+    ),
+    Plant(
+        "ffgg: gradient of the summed loss instead of the mean",
+        "pflower/task/train.py",
+        [("    return [g / max(1, n) for g in grads]", "    return grads")],
+        [T + "test_bring_your_own.py", T + "test_linear.py", T + "test_ffgg.py"],
+    ),
+    Plant(
+        "ffgg: conjugate-gradient step length halved",
+        "pflower/task/train.py",
+        [("            alpha = rs / curvature", "            alpha = 0.5 * rs / curvature")],
+        [T + "test_bring_your_own.py", T + "test_linear.py", T + "test_ffgg.py"],
+    ),
+    Plant(
+        "local-ffgg: theta step at the old w (order of the pair)",
+        "pflower/task/train.py",
+        [
+            (
+                "for params, lr in ((first, lr_first), (second, lr_second)):",
+                "for params, lr in ((second, lr_second), (first, lr_first)):",
+            )
+        ],
+        [T + "test_exact_rounds.py", T + "test_ffgg.py"],
+    ),
+    Plant(
+        "local-ffgg: delta with the wrong sign",
+        S + "ffgg.py",
+        [
+            (
+                "delta = {n: start[n] - end[n] for n in job.split.shared}",
+                "delta = {n: end[n] - start[n] for n in job.split.shared}",
+            )
+        ],
+        [T + "test_exact_rounds.py", T + "test_ffgg.py"],
+    ),
+    # --- baselines ----------------------------------------------------------------------
+    Plant(
+        "fedavg / local-gd: mean of returned weights unweighted",
+        S + "base.py",
+        [
+            (
+                "weights = [u.num_examples if weighted else 1.0 for u in updates]",
+                "weights = [1.0 for u in updates]",
+            )
+        ],
+        [T + "test_exact_rounds.py", T + "test_wire.py"],
+    ),
+    Plant(
+        "scaffold: |S|/N factor dropped from the c update",
+        S + "scaffold.py",
+        [("share = len(updates) / max(self.num_nodes, len(updates))", "share = 1.0")],
+        [T + "test_exact_rounds.py", T + "test_baselines_linear.py"],
+    ),
+    Plant(
+        "scaffold: option II without 1/(K eta)",
+        S + "scaffold.py",
+        [("scale = 1.0 / (result.steps * lr)", "scale = 1.0 / lr")],
+        [T + "test_exact_rounds.py", T + "test_baselines_linear.py"],
+    ),
+    Plant(
+        "scaffold: correction c_i - c instead of c - c_i",
+        S + "scaffold.py",
+        [
+            (
+                "correction=[ci_g - ci for ci_g, ci in zip(c, c_i)]",
+                "correction=[ci - ci_g for ci_g, ci in zip(c, c_i)]",
+            )
+        ],
+        [T + "test_exact_rounds.py", T + "test_baselines_linear.py"],
+    ),
+    Plant(
+        "l2gd: a averaging steps mixed as a * beta",
+        S + "l2gd.py",
+        [('"l2gd-mix": 1.0 - (1.0 - beta) ** a', '"l2gd-mix": min(1.0, a * beta)')],
+        [T + "test_exact_rounds.py", T + "test_baselines_linear.py"],
+    ),
+    Plant(
+        "l2gd: local step alpha / M without 1/(1 - p)",
+        S + "l2gd.py",
+        [('"lr": alpha / (m * (1 - self.p))', '"lr": alpha / m')],
+        [T + "test_exact_rounds.py", T + "test_baselines_linear.py"],
+    ),
+    # --- robust rules -------------------------------------------------------------------
+    Plant(
+        "krum: n - f - 1 neighbours",
+        S + "aggregators.py",
+        [("neighbours = X.shape[0] - f - 2", "neighbours = X.shape[0] - f - 1")],
+        [T + "test_exact_robust.py", T + "test_aggregators.py"],
+    ),
+    Plant(
+        "bucketing: base rule on the raw inputs (no buckets)",
+        S + "aggregators.py",
+        [
+            (
+                "return self.base.aggregate(means, min(f, means.shape[0]))",
+                "return self.base.aggregate(X, min(f, means.shape[0]))",
+            )
+        ],
+        [T + "test_exact_robust.py", T + "test_aggregators.py"],
+    ),
+    Plant(
+        "trimmed mean: floor(beta N) trimmed",
+        S + "aggregators.py",
+        [("return math.ceil(self.beta * n)", "return math.floor(self.beta * n)")],
+        [T + "test_exact_robust.py", T + "test_aggregators.py"],
+    ),
+    Plant(
+        "median: lower middle value for even N",
+        S + "aggregators.py",
+        [("middle = sorted({(n - 1) // 2, n // 2})", "middle = [(n - 1) // 2]")],
+        [T + "test_exact_robust.py", T + "test_aggregators.py"],
+    ),
+    Plant(
+        "geometric median: weights 1/d^2",
+        S + "aggregators.py",
+        [
+            (
+                "w = 1.0 / _row_distances(X, z).clamp_min(self.eps)",
+                "w = 1.0 / _row_distances(X, z).clamp_min(self.eps) ** 2",
+            )
+        ],
+        [T + "test_exact_robust.py", T + "test_aggregators.py"],
+    ),
+    Plant(
+        "centered clipping: no running centre across calls",
+        S + "aggregators.py",
+        [("        self.center = v\n", "        self.center = None\n")],
+        [T + "test_exact_robust.py", T + "test_aggregators.py"],
+    ),
+    Plant(
+        "alie: mu + z sigma",
+        "pflower/attacks.py",
+        [("return honest.mean(dim=0) - z * std", "return honest.mean(dim=0) + z * std")],
+        [T + "test_attacks.py"],
+    ),
+    Plant(
+        "apfl: outputs mixing without the (1 - alpha) factor on w's logits",
+        S + "apfl.py",
+        [
+            (
+                "criterion(alpha * out_v + (1 - alpha) * out_w, y)",
+                "criterion(alpha * out_v + out_w, y)",
+            )
+        ],
+        [T + "test_exact_apfl.py", T + "test_apfl.py"],
+    ),
+    Plant(
+        "ipm: +epsilon mu",
+        "pflower/attacks.py",
+        [("return -epsilon * honest.mean(dim=0)", "return epsilon * honest.mean(dim=0)")],
+        [T + "test_attacks.py"],
+    ),
+    Plant(
+        "pseudo-gradient with the wrong sign (weights-returning strategies)",
+        S + "base.py",
+        [
+            (
+                "(current[k].astype(np.float64) if wide else current[k]) - u.tensors[k]",
+                "u.tensors[k] - (current[k].astype(np.float64) if wide else current[k])",
+            )
+        ],
+        [T + "test_exact_rounds.py", T + "test_wire.py"],
+    ),
+]
+
+
+def copy_tree(dst: Path) -> None:
+    for part in ("pflower", "tests", "pyproject.toml"):
+        src = ROOT / part
+        if src.is_dir():
+            shutil.copytree(src, dst / part, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dst / part)
+
+
+def run_plant(plant: Plant, work: Path) -> dict:
+    target = work / plant.path
+    original = target.read_text()
+    text = original
+    for old, new in plant.edits:
+        if text.count(old) != 1:
+            raise SystemExit(f"{plant.name}: {old!r} occurs {text.count(old)} times")
+        text = text.replace(old, new)
+    target.write_text(text)
+    env = {**os.environ, "PYTHONPATH": str(work), "PYTHONDONTWRITEBYTECODE": "1"}
+    start = time.perf_counter()
+    try:
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--tb=no",
+                "-rf",
+                *plant.tests,
+            ],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    finally:
+        target.write_text(original)
+    failed = sorted(set(re.findall(r"^FAILED (\S+)", out.stdout, flags=re.M)))
+    errors = re.findall(r"^ERROR (\S+)", out.stdout, flags=re.M)
+    return {
+        "name": plant.name,
+        "caught_by": failed,
+        "errors": errors,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="run the entries whose name starts with this")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/planted_errors"))
+    args = parser.parse_args()
+    plants = [p for p in PLANTS if p.name.startswith(args.only)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        copy_tree(work)
+        check = subprocess.run(
+            [sys.executable, "-c", "import pflower; print(pflower.__file__)"],
+            cwd=work,
+            env={**os.environ, "PYTHONPATH": str(work)},
+            capture_output=True,
+            text=True,
+        )
+        assert check.stdout.strip().startswith(str(work)), check.stdout  # the copy is tested
+        for i, plant in enumerate(plants, 1):
+            row = run_plant(plant, work)
+            rows.append(row)
+            mark = "caught" if row["caught_by"] else "MISSED"
+            print(f"[{i}/{len(plants)}] {mark}: {plant.name} ({row['seconds']} s)", flush=True)
+    lines = ["| # | planted error | caught by (failing tests) |", "|---|---|---|"]
+    for i, row in enumerate(rows, 1):
+        # one entry per test function: "file::function (k cases)"
+        cases: dict[str, int] = {}
+        for test in row["caught_by"]:
+            name = test.removeprefix("tests/").split("[")[0]
+            cases[name] = cases.get(name, 0) + 1
+        shown = [f"`{n}`" + (f" ({k} cases)" if k > 1 else "") for n, k in cases.items()]
+        cell = ", ".join(shown[:3]) + (f" +{len(shown) - 3} more" if len(shown) > 3 else "")
+        lines.append(f"| {i} | {row['name']} | {cell or '**none**'} |")
+    missed = sum(not r["caught_by"] for r in rows)
+    lines.append("")
+    lines.append(f"{len(rows) - missed} of {len(rows)} planted errors caught.")
+    table = "\n".join(lines)
+    print("\n" + table)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    out.with_suffix(".md").write_text(table + "\n")
+    sys.exit(1 if missed else 0)
+
+
+if __name__ == "__main__":
+    main()
