@@ -149,13 +149,13 @@ def test_disk_source_datasetdict_and_parquet_folder_and_natural(tmp_path):
     (tmp_path / "pq").mkdir()
     ds.select(range(30)).to_parquet(tmp_path / "pq" / "a.parquet")
     ds.select(range(30, 60)).to_parquet(tmp_path / "pq" / "b.parquet")
-    for path in (tmp_path / "dd", tmp_path / "pq"):
+    # the DatasetDict's test split is kept as the clients' test rows (fixed assignment)
+    for path, rows, tests in ((tmp_path / "dd", 65, 5), (tmp_path / "pq", 60, None)):
         c = cfg(dataset=f"disk:{path}", partitioner="natural", **{"natural-column": "writer_id"})
-        total = sum(
-            len(client_arrays(c, p, 4).y_train) + len(client_arrays(c, p, 4).y_test)
-            for p in range(4)
-        )
-        assert total == 60
+        parts = [client_arrays(c, p, 4) for p in range(4)]
+        assert sum(len(a.y_train) + len(a.y_test) for a in parts) == rows
+        if tests is not None:
+            assert sum(len(a.y_test) for a in parts) == tests
 
 
 def test_disk_source_errors(tmp_path):
