@@ -41,7 +41,8 @@ from flwr.serverapp.strategy import Result
 from pflower.config import Config
 from pflower.strategies.ffgg import FFGG
 
-log = logging.getLogger(__name__)
+# A child of Flower's logger, so the records go wherever Flower's go (console, `flwr log`).
+log = logging.getLogger("flwr.pflower")
 
 
 class AsyncFFGG(FFGG):

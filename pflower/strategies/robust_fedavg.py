@@ -41,7 +41,8 @@ from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.base import layout_problem
 
-log = logging.getLogger(__name__)
+# A child of Flower's logger, so the records go wherever Flower's go (console, `flwr log`).
+log = logging.getLogger("flwr.pflower")
 
 
 class RobustAggregation:
