@@ -41,7 +41,11 @@ def main() -> None:
         "|---|---|---|---|---|---|",
     ]
     for algorithm in args.algorithms:
-        config = {**default_config(), "algorithm": algorithm, "outputs-dir": "/tmp/pflower-defaults"}
+        config = {
+            **default_config(),
+            "algorithm": algorithm,
+            "outputs-dir": "/tmp/pflower-defaults",
+        }
         if algorithm in ("fedrep", "fedper"):
             config["split"] = "head"
         wall, cpu = time.perf_counter(), time.process_time()

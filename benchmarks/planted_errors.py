@@ -476,7 +476,8 @@ def main() -> None:
             cases[name] = cases.get(name, 0) + 1
         shown = [f"`{n}`" + (f" ({k} cases)" if k > 1 else "") for n, k in cases.items()]
         cell = ", ".join(shown[:3]) + (f" +{len(shown) - 3} more" if len(shown) > 3 else "")
-        lines.append(f"| {i} | {row['name']} | {cell or '**none**'} |")
+        name = row["name"].replace("|", "\\|")  # a pipe would end the cell
+        lines.append(f"| {i} | {name} | {cell or '**none**'} |")
     missed = sum(not r["caught_by"] for r in rows)
     lines.append("")
     lines.append(f"{len(rows) - missed} of {len(rows)} planted errors caught.")

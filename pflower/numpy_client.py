@@ -39,7 +39,14 @@ from torch.utils.data import DataLoader
 
 from pflower.config import Config
 from pflower.strategies import get_algorithm
-from pflower.strategies.base import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, ClientJob
+from pflower.strategies.base import (
+    ARRAYS,
+    CONFIG,
+    METRICS,
+    NUM_EXAMPLES,
+    PERSONAL_INIT,
+    ClientJob,
+)
 from pflower.task import split as splits
 from pflower.task.state import ContextStore, DirectoryStore
 
@@ -106,11 +113,29 @@ class PersonalizedNumPyClient(NumPyClient):
         tensors = splits.get_tensors(self.model, self.split.shared)
         return [tensors[k].detach().cpu().numpy() for k in self.split.shared]
 
-    def _job(self, parameters: list[np.ndarray]) -> ClientJob:
-        if len(parameters) != len(self.split.shared):
+    def set_personal_init(self, tensors: Mapping) -> None:
+        """Where a client without personal state starts: the server's ``personal-init`` (the
+        pre-trained model's personal slice) instead of the model's own initial values."""
+        if list(tensors) != list(self.split.personal):
             raise ValueError(
-                f"received {len(parameters)} arrays; this client shares "
-                f"{len(self.split.shared)} tensors ({', '.join(self.split.shared[:3])}, ...)"
+                f"personal-init carries {sorted(tensors)[:4]}, this client's personal part is "
+                f"{list(self.split.personal)[:4]}: server and client splits differ"
+            )
+        self.init_personal = {k: v.detach().clone() for k, v in tensors.items()}
+
+    def _exchanged(self, config: Mapping) -> tuple[str, ...]:
+        """The parameters in a message: all of them during FedAvg pre-training (phase
+        ``pretrain``), the shared ones otherwise."""
+        if config.get("phase") == "pretrain":
+            return tuple(n for n, _ in self.model.named_parameters())
+        return self.split.shared
+
+    def _job(self, parameters: list[np.ndarray], config: Mapping) -> ClientJob:
+        names = self._exchanged(config)
+        if len(parameters) != len(names):
+            raise ValueError(
+                f"received {len(parameters)} arrays; this client exchanges {len(names)} "
+                f"tensors in this phase ({', '.join(names[:3])}, ...)"
             )
         job = ClientJob(
             cfg=self.cfg,
@@ -124,21 +149,24 @@ class PersonalizedNumPyClient(NumPyClient):
             device=self.device,
             init_personal={k: v.clone() for k, v in self.init_personal.items()},
         )
-        job.set_shared(
-            ArrayRecord({k: Array(np.asarray(p)) for k, p in zip(self.split.shared, parameters)})
-        )
+        job.set_shared(ArrayRecord({k: Array(np.asarray(p)) for k, p in zip(names, parameters)}))
         return job
 
     def fit(self, parameters, config):
-        job = self._job(parameters)
-        record, metrics = self.half.train(job, dict(config))
+        config = dict(config)
+        job = self._job(parameters, config)
+        if config.get("phase") == "pretrain":  # FedAvg on the whole model
+            record, metrics = self.half.pretrain(job, config)
+        else:
+            record, metrics = self.half.train(job, config)
         if isinstance(record, dict):
             raise ValueError(f"{self.cfg.algorithm}: replies with several records")
-        arrays = [record[k].numpy() for k in self.split.shared]
+        arrays = [record[k].numpy() for k in self._exchanged(config)]
         return arrays, int(metrics[NUM_EXAMPLES]), dict(metrics)
 
     def evaluate(self, parameters, config):
-        job = self._job(parameters)
+        config = dict(config)
+        job = self._job(parameters, config)
         metrics = self.half.evaluate(job, dict(config))
         return float(metrics["personal-loss"]), int(metrics[NUM_EXAMPLES]), dict(metrics)
 
@@ -153,10 +181,16 @@ def numpy_client_app(client_fn: Callable[[Context], NumPyClient]) -> ClientApp:
         config = dict(msg.content[CONFIG]) if CONFIG in msg.content else {}
         return names, [record[k].numpy() for k in names], config
 
+    def client(msg: Message, context: Context) -> NumPyClient:
+        made = client_fn(context)
+        if PERSONAL_INIT in msg.content and hasattr(made, "set_personal_init"):
+            made.set_personal_init(dict(msg.content[PERSONAL_INIT].to_torch_state_dict()))
+        return made
+
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         names, arrays, config = parameters(msg)
-        new, num_examples, metrics = client_fn(context).fit(arrays, config)
+        new, num_examples, metrics = client(msg, context).fit(arrays, config)
         if len(new) != len(names):
             raise ValueError(f"fit returned {len(new)} arrays for {len(names)} received")
         reply = ArrayRecord({k: Array(np.ascontiguousarray(a)) for k, a in zip(names, new)})
@@ -171,7 +205,7 @@ def numpy_client_app(client_fn: Callable[[Context], NumPyClient]) -> ClientApp:
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
         _, arrays, config = parameters(msg)
-        loss, num_examples, metrics = client_fn(context).evaluate(arrays, config)
+        loss, num_examples, metrics = client(msg, context).evaluate(arrays, config)
         out = {**_numeric(metrics), "loss": float(loss), NUM_EXAMPLES: num_examples}
         return Message(content=RecordDict({METRICS: MetricRecord(out)}), reply_to=msg)
 
