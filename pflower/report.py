@@ -202,11 +202,16 @@ def _rounds(cfg: Config) -> str:
 def summary_table(report: RunReport) -> str:
     """A one-screen Markdown table of the final evaluation."""
     s, cfg = report.final, report.cfg
+    regression = "personal-rmse" in s and "personal-accuracy" not in s
     lines = [
         f"pflower: {cfg.algorithm} | {cfg.model} | split {report.split} | {cfg.dataset} "
         f"({cfg.partitioner}) | {report.num_nodes} clients | {_rounds(cfg)} "
         f"| {report.seconds:.0f} s",
         "",
+    ]
+    if regression:
+        return "\n".join(lines + _regression_table(s, report.dropped))
+    lines += [
         "| test accuracy (%)        | personalized | global |",
         "|--------------------------|--------------|--------|",
     ]
@@ -232,3 +237,35 @@ def summary_table(report: RunReport) -> str:
         f"dropped replies: {report.dropped}",
     ]
     return "\n".join(lines)
+
+
+def _regression_table(s: dict, dropped: int) -> list[str]:
+    """The final evaluation of a regression run: RMSE over clients, pooled loss."""
+    lines = [
+        "| test RMSE                | personalized |   global |",
+        "|--------------------------|--------------|----------|",
+    ]
+    rows = [
+        ("pooled over examples", ""),
+        ("mean over clients", "-mean"),
+        ("p10 client", "-p10"),
+        ("p50 client", "-p50"),
+        ("p90 client", "-p90"),
+        ("worst client", "-worst"),
+    ]
+    for label, suffix in rows:
+        cells = [
+            f"{s[k]:.4g}" if k in s else "–"
+            for k in (f"personal-rmse{suffix}", f"global-rmse{suffix}")
+        ]
+        lines.append(f"| {label:<24} | {cells[0]:>12} | {cells[1]:>8} |")
+    loss = [f"{s[k]:.4g}" if k in s else "–" for k in ("personal-loss", "global-loss")]
+    lines.append(f"| {'pooled loss':<24} | {loss[0]:>12} | {loss[1]:>8} |")
+    hurt = s.get("clients-hurt")
+    lines += [
+        "",
+        f"clients evaluated: {int(s.get('clients', 0))}; hurt by personalization "
+        f"(personalized loss > global): {'–' if hurt is None else int(hurt)}; "
+        f"dropped replies: {dropped}",
+    ]
+    return lines

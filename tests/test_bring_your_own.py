@@ -96,6 +96,11 @@ def test_ffgg_on_a_users_regression_data_lands_on_the_closed_form(user_data, tmp
     final = report.final
     assert "personal-rmse" in final and "personal-accuracy" not in final
     assert final["num-examples"] == M * TEST_ROWS
+    from pflower.report import summary_table
+
+    table = summary_table(report)
+    assert "test RMSE" in table and "accuracy" not in table
+    assert f"{final['personal-rmse']:.4g}" in table
 
 
 def test_a_loss_of_your_own_by_import_path(user_data, tmp_path):

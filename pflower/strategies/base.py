@@ -735,6 +735,10 @@ def summarize_clients(rows: list[dict[str, float]]) -> dict[str, float]:
         if all(f"{which}-rmse" in r for r in rows):  # regression: pooled over test examples
             rmse = np.asarray([r[f"{which}-rmse"] for r in rows], dtype=float)
             out[f"{which}-rmse"] = float(np.sqrt((rmse**2 * n).sum() / n.sum()))
+            out[f"{which}-rmse-mean"] = float(rmse.mean())
+            for q in (10, 50, 90):
+                out[f"{which}-rmse-p{q}"] = float(np.percentile(rmse, q))
+            out[f"{which}-rmse-worst"] = float(rmse.max())
         if not all(f"{which}-accuracy" in r for r in rows):
             continue
         acc = np.asarray([r[f"{which}-accuracy"] for r in rows], dtype=float)
