@@ -44,6 +44,7 @@ ALGORITHMS = (
 )
 APFL_MIXINGS = ("parameters", "outputs")
 ROBUST_AGGREGATORS = (
+    "auto",
     "none",
     "median",
     "trimmed-mean",
@@ -90,6 +91,18 @@ DEVICES = ("auto", "cpu", "cuda")
 
 #: Number of classes of the built-in data sets (``synthetic-leaf`` uses ``synthetic-classes``).
 BUILTIN_NUM_CLASSES = {"mnist-5k": 10, "digits": 10}
+
+
+#: Keys whose value means "the algorithm's default": field -> (that value, the generic
+#: default when the algorithm has none). Algorithms declare theirs in ``DEFAULTS`` next to
+#: their strategy; ``Config.resolved`` applies them.
+AUTO: dict[str, tuple[Any, Any]] = {
+    "server_lr": (0.0, 1.0),
+    "local_steps": (0, 0),  # generic: 0 = count local work in epochs
+    "personal_lr": (0.0, 0.0),  # generic: 0 = the client lr
+    "robust_aggregator": ("auto", "none"),
+    "robust_bucket_size": (0, 0),
+}
 
 
 class ConfigError(ValueError):
@@ -163,7 +176,8 @@ class Config(BaseModel):
 
     # --- server optimizer and client-lr schedule (all algorithms that aggregate) ----------
     server_optimizer: str = Field("auto", alias="server-optimizer")
-    server_lr: float = Field(1.0, alias="server-lr", gt=0)
+    #: 0: the algorithm's default (PFLEGO: 0.003 with Adam), else 1.0 (SGD with 1.0 = FedAvg)
+    server_lr: float = Field(0.0, alias="server-lr", ge=0)
     server_beta1: float = Field(0.9, alias="server-beta1", ge=0, lt=1)
     server_beta2: float = Field(0.999, alias="server-beta2", ge=0, lt=1)
     server_eps: float = Field(1e-8, alias="server-eps", gt=0)
@@ -198,14 +212,18 @@ class Config(BaseModel):
     pflego_local_labels: bool = Field(False, alias="pflego-local-labels")
 
     # --- APFL ------------------------------------------------------------------------------
-    apfl_alpha: float = Field(0.01, alias="apfl-alpha", ge=0, le=1)
+    #: the initial (or fixed) alpha. The paper's synthetic runs start at 0.01; from there the
+    #: adaptive alpha collapses to 0 for many clients on pathological splits (v then stops
+    #: moving: its step carries the factor alpha) and APFL personalizes nothing, so 0.5
+    apfl_alpha: float = Field(0.5, alias="apfl-alpha", ge=0, le=1)
     apfl_adaptive: bool = Field(True, alias="apfl-adaptive")
     apfl_mixing: str = Field("parameters", alias="apfl-mixing")
     apfl_lr_decay: float = Field(0.99, alias="apfl-lr-decay", gt=0, le=1)
     apfl_weighting: str = Field("uniform", alias="apfl-weighting")
 
     # --- Byzantine robustness (every strategy that aggregates updates) -------------------
-    robust_aggregator: str = Field("none", alias="robust-aggregator")
+    #: ``auto``: the algorithm's default (BR-FFGG: ``median``), else ``none``
+    robust_aggregator: str = Field("auto", alias="robust-aggregator")
     robust_byzantine: int = Field(0, alias="robust-byzantine", ge=0)
     robust_bucket_size: int = Field(0, alias="robust-bucket-size", ge=0)
     robust_trim_beta: float = Field(0.1, alias="robust-trim-beta", ge=0, lt=0.5)
@@ -272,19 +290,21 @@ class Config(BaseModel):
         _one_of("pflego-alpha", self.pflego_alpha, PFLEGO_ALPHAS)
         _one_of("apfl-mixing", self.apfl_mixing, APFL_MIXINGS)
         _one_of("robust-aggregator", self.robust_aggregator, ROBUST_AGGREGATORS)
-        if self.algorithm == "br-ffgg" and self.robust_aggregator == "none":
+        if self.algorithm == "br-ffgg" and self.robust_aggregator == "none":  # not "auto"
             raise ConfigError(
                 "key 'robust-aggregator' = 'none': br-ffgg steps with a robust aggregate; "
                 f"choose one of {ROBUST_AGGREGATORS[1:]} (with 'robust-bucket-size' = 2 for "
                 "the agnostic robust rules of the paper's Def. 2)"
             )
-        if self.algorithm == "async-ffgg" and (
-            self.pretrain_rounds or self.robust_aggregator != "none"
-        ):
+        if self.algorithm == "async-ffgg" and self.pretrain_rounds:
             raise ConfigError(
-                f"key 'pretrain-rounds' = {self.pretrain_rounds}, 'robust-aggregator' = "
-                f"{self.robust_aggregator!r}: async-ffgg applies single client updates; it has "
-                "no pre-training rounds and no robust rule (set 0 and 'none')"
+                f"key 'pretrain-rounds' = {self.pretrain_rounds}: async-ffgg applies single "
+                "client updates as they arrive and has no FedAvg pre-training rounds; set 0"
+            )
+        if self.algorithm == "async-ffgg" and self.robust_aggregator not in ("auto", "none"):
+            raise ConfigError(
+                f"key 'robust-aggregator' = {self.robust_aggregator!r}: async-ffgg applies "
+                "single client updates, there is nothing to combine robustly; set 'none'"
             )
         _one_of("apfl-weighting", self.apfl_weighting, FFGG_WEIGHTINGS)
         _one_of("fedalt-weighting", self.fedalt_weighting, FFGG_WEIGHTINGS)
@@ -298,10 +318,10 @@ class Config(BaseModel):
                 f"key 'fraction-train' = {self.fraction_train}: l2gd needs 1.0 (every client "
                 "takes every step of L2GD)"
             )
-        if self.algorithm == "l2gd" and self.l2gd_p == 0 and self.local_steps < 2:
+        if self.algorithm == "l2gd" and self.l2gd_p == 0 and self.local_steps == 1:
             raise ConfigError(
-                f"key 'l2gd-p' = 0 means p = 1/local-steps, and 'local-steps' = "
-                f"{self.local_steps}: set 'local-steps' >= 2 or 'l2gd-p' in (0, 1)"
+                "key 'l2gd-p' = 0 means p = 1/local-steps, and 'local-steps' = 1: set "
+                "'local-steps' >= 2 (0: L2GD's default, 10) or 'l2gd-p' in (0, 1)"
             )
         if self.ffgg_solver in ("gd", "cg") and self.personal_steps == 0:
             raise ConfigError(
@@ -382,6 +402,11 @@ class Config(BaseModel):
         return BUILTIN_NUM_CLASSES.get(self.dataset)
 
     @property
+    def effective_server_lr(self) -> float:
+        """``server-lr``; 0 (not resolved by an algorithm's defaults) is 1.0."""
+        return self.server_lr or 1.0
+
+    @property
     def effective_finetune_lr(self) -> float:
         return self.finetune_lr or self.lr
 
@@ -420,11 +445,26 @@ class Config(BaseModel):
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> Config:
-        """Parse Flower's flat run config; raise ``ConfigError`` naming key, value, rule."""
+        """Parse Flower's flat run config; raise ``ConfigError`` naming key, value, rule.
+        Keys left at their ``auto`` value take the algorithm's defaults (``resolved``)."""
         try:
-            return cls.model_validate(dict(run_config))
+            return cls.model_validate(dict(run_config)).resolved()
         except ValidationError as err:
             raise ConfigError(_describe(err)) from None
+
+    def resolved(self) -> Config:
+        """This config with every key at its ``auto`` value (``AUTO``) replaced by the
+        algorithm's default for it (the ``DEFAULTS`` in the algorithm's own file, e.g.
+        PFLEGO's server lr and tau) or by the generic one."""
+        from pflower.strategies import get_algorithm  # the registry (it imports this module)
+
+        defaults = get_algorithm(self.algorithm).defaults
+        update = {
+            key: defaults.get(key, generic)
+            for key, (auto, generic) in AUTO.items()
+            if getattr(self, key) == auto and defaults.get(key, generic) != auto
+        }
+        return self.model_copy(update=update) if update else self
 
 
 def _one_of(key: str, value: str, names: tuple[str, ...], alternative: str = "") -> None:

@@ -43,9 +43,12 @@ def test_unknown_attack_is_refused_with_the_key():
         attacks.attack_of({"byzantine": "alie2"})
 
 
-def test_br_ffgg_needs_a_robust_rule():
+def test_br_ffgg_needs_a_robust_rule_and_defaults_to_the_agnostic_one():
+    cfg = Config.from_run_config({"algorithm": "br-ffgg"})
+    assert (cfg.robust_aggregator, cfg.robust_bucket_size) == ("median", 2)
+    assert Config.from_run_config({"algorithm": "ffgg"}).robust_aggregator == "none"
     with pytest.raises(ConfigError, match="robust-aggregator"):
-        Config.from_run_config({"algorithm": "br-ffgg"})
+        Config.from_run_config({"algorithm": "br-ffgg", "robust-aggregator": "none"})
 
 
 BASE = {

@@ -8,14 +8,15 @@ the run config to its strategy, its client half and which parameters cross the w
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
 from pflower.config import MODELS, Config
 from pflower.strategies.apfl import APFL, APFLClient, apfl_strategy
-from pflower.strategies.async_ffgg import AsyncFFGG, async_ffgg_strategy
+from pflower.strategies.async_ffgg import ASYNC_FFGG_DEFAULTS, AsyncFFGG, async_ffgg_strategy
 from pflower.strategies.base import (
     ClientHalf,
     ClientJob,
@@ -42,6 +43,7 @@ from pflower.strategies.fedavg import (
     local_strategy,
 )
 from pflower.strategies.ffgg import (
+    BR_FFGG_DEFAULTS,
     FFGG,
     FFGGClient,
     LocalFFGG,
@@ -49,8 +51,8 @@ from pflower.strategies.ffgg import (
     ffgg_strategy,
     local_ffgg_strategy,
 )
-from pflower.strategies.l2gd import L2GD, L2GDClient, l2gd_strategy
-from pflower.strategies.pflego import PFLEGO, PFLEGOClient, pflego_strategy
+from pflower.strategies.l2gd import L2GD, L2GD_DEFAULTS, L2GDClient, l2gd_strategy
+from pflower.strategies.pflego import PFLEGO, PFLEGO_DEFAULTS, PFLEGOClient, pflego_strategy
 from pflower.strategies.scaffold import Scaffold, ScaffoldClient, scaffold_strategy
 from pflower.task.data import dataset_info
 from pflower.task.linear import SyntheticLinear
@@ -66,13 +68,16 @@ class Algorithm:
     ``wire_split``: ``"config"`` uses the run config's ``split`` (the personal part stays
     on the client); ``"none"`` shares every parameter (FedAvg); ``"full"`` shares none
     (local training). ``personal_split``: the split whose personal part the personalized
-    model adapts (differs from the wire split for FedAvg + fine-tuning).
+    model adapts (differs from the wire split for FedAvg + fine-tuning). ``defaults``: the
+    values this algorithm uses for run-config keys left at ``auto`` (``config.AUTO``),
+    declared in the algorithm's own file.
     """
 
     strategy: Callable[..., PersonalizedStrategy]
     client: ClientHalf
     wire_split: str = "config"
     personal_split: str = "config"
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -89,14 +94,14 @@ ALGORITHMS: dict[str, Algorithm] = {
     "local-gd": Algorithm(fedavg_strategy, LocalGDClient(), "none", "none"),
     "scaffold": Algorithm(scaffold_strategy, ScaffoldClient(), "none", "none"),
     # L2GD averages whole local models: all of x_m crosses the wire and all of it is personal
-    "l2gd": Algorithm(l2gd_strategy, L2GDClient(), "none", "full"),
-    "pflego": Algorithm(pflego_strategy, PFLEGOClient()),
+    "l2gd": Algorithm(l2gd_strategy, L2GDClient(), "none", "full", L2GD_DEFAULTS),
+    "pflego": Algorithm(pflego_strategy, PFLEGOClient(), defaults=PFLEGO_DEFAULTS),
     # APFL sends the whole global copy w; v and alpha (a whole model) stay on the client
     "apfl": Algorithm(apfl_strategy, APFLClient(), "none", "full"),
     # BR-FFGG (Alg. 5): FFGG's clients, the server steps with the robust rule of the config
-    "br-ffgg": Algorithm(ffgg_strategy, FFGGClient()),
+    "br-ffgg": Algorithm(ffgg_strategy, FFGGClient(), defaults=BR_FFGG_DEFAULTS),
     # Asynchronous FFGG (Alg. 3): FFGG's clients, a server loop that applies each gradient
-    "async-ffgg": Algorithm(async_ffgg_strategy, FFGGClient()),
+    "async-ffgg": Algorithm(async_ffgg_strategy, FFGGClient(), defaults=ASYNC_FFGG_DEFAULTS),
 }
 
 

@@ -45,6 +45,14 @@ from pflower.strategies.ffgg import FFGG
 log = logging.getLogger("flwr.pflower")
 
 
+#: Asynchronous FFGG's values for run-config keys left at ``auto`` (``config.AUTO``): each
+#: arriving gradient is applied alone, so the step is the synchronous one (1.0 on a mean of
+#: C gradients) divided by C = 5, the default concurrency of the default run (10 nodes x
+#: fraction-train 0.5); at 1.0 single clients' gradients overshoot (64% vs 89% measured,
+#: benchmarks/default_runs.py)
+ASYNC_FFGG_DEFAULTS = {"server_lr": 0.2}
+
+
 class AsyncFFGG(FFGG):
     """Asynchronous FFGG's server (Alg. 3); the parameters of ``FFGG`` plus:
 

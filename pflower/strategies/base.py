@@ -667,7 +667,7 @@ def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> d
         "lr_halve_every": cfg.lr_halve_every,
         "server_optimizer": ServerOptimizer(
             cfg.effective_server_optimizer,
-            cfg.server_lr,
+            cfg.effective_server_lr,
             (cfg.server_beta1, cfg.server_beta2),
             cfg.server_eps,
         ),
@@ -685,7 +685,7 @@ def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> d
 def robust_aggregator(cfg: Config) -> Aggregator | None:
     """The run config's robust rule (``robust-*`` keys), or None."""
     name = cfg.robust_aggregator
-    if name == "none":
+    if name in ("none", "auto"):
         return None
     options = {
         "trimmed-mean": {"beta": cfg.robust_trim_beta},

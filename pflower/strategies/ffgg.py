@@ -61,6 +61,11 @@ from pflower.strategies.base import (
 from pflower.task import split as splits
 from pflower.task import train as training
 
+#: BR-FFGG's values for run-config keys left at ``auto`` (``config.AUTO``): bucketing with
+#: s = 2 and the coordinate median, one of the agnostic robust rules of the paper's Def. 2
+#: (the median alone is not robust to ALIE / IPM). ``robust-bucket-size = 1`` disables it.
+BR_FFGG_DEFAULTS = {"robust_aggregator": "median", "robust_bucket_size": 2}
+
 
 class _GradientStrategy(PersonalizedStrategy):
     """Mean of the clients' vectors (unweighted as in the paper, or data-size weighted),

@@ -43,6 +43,9 @@ from pflower.task import train as training
 from pflower.task.state import load_matching
 
 LOCAL_MODEL = "l2gd-model"  # store key of x_m
+#: L2GD's values for run-config keys left at ``auto`` (``config.AUTO``): 10 local steps
+#: between averaging steps on average, i.e. p = 1/10 (Mishchenko et al. §3.2: p = 1/tau)
+L2GD_DEFAULTS = {"local_steps": 10}
 
 
 class L2GD(PersonalizedStrategy):

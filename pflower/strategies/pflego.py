@@ -58,6 +58,10 @@ from pflower.strategies.base import (
 from pflower.task import train as training
 
 ALPHA_MODES = ("global", "sampled")
+#: PFLEGO's values for run-config keys left at ``auto`` (``config.AUTO``): the paper's tau
+#: = 50 head-and-body steps per round and Adam's rho = 0.003 (benchmarks/README.md; with
+#: the generic server lr 1.0 Adam diverges, with tau = 1 the head never fits)
+PFLEGO_DEFAULTS = {"local_steps": 50, "server_lr": 0.003}
 ABSENT_LOGIT = -1e4  # exp underflows to exactly 0 (float32 and float64)
 
 
