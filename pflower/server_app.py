@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from pflower import report
-from pflower.config import Config
+from pflower.config import Config, ConfigError
 from pflower.strategies import (
     build_run_model,
     get_algorithm,
@@ -145,8 +145,14 @@ def build_server_app(
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        # Parse (and so validate) the whole config before anything else starts.
-        cfg = Config.from_run_config({**context.run_config, **(overrides or {})})
+        # Parse (and so validate) the whole config before any client is contacted. A bad
+        # key or value: one line naming key, value and what is allowed, then the run ends
+        # as failed with that message (Flower logs the exception after it).
+        try:
+            cfg = Config.from_run_config({**context.run_config, **(overrides or {})})
+        except ConfigError as err:
+            log.error("pflower: %s", err)
+            raise
         result = run(grid, cfg)
         if on_report is not None:
             on_report(result)
