@@ -23,11 +23,21 @@ from flwr.clientapp import ClientApp
 from pflower import attacks
 from pflower.config import Config
 from pflower.strategies import build_run_model, get_algorithm, wire_split
-from pflower.strategies.base import ARRAYS, CONFIG, METRICS, PERSONAL_INIT, ClientJob
+from pflower.strategies.client import ClientJob
 from pflower.task.data import batched, dataset_info, load_client_data
 from pflower.task.split import Split, get_tensors
 from pflower.task.state import open_store
 from pflower.task.train import is_classifier, resolve_device
+from pflower.wire import (
+    ARRAYS,
+    CONFIG,
+    METRICS,
+    PERSONAL_INIT,
+    PHASE,
+    PRETRAIN,
+    QUERY,
+    SERVER_ROUND,
+)
 
 
 @functools.lru_cache(maxsize=8)
@@ -103,7 +113,7 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
     def setup(msg: Message, context: Context) -> tuple[Config, ClientJob, Mapping]:
         cfg = parse_config(frozenset({**context.run_config, **(overrides or {})}.items()))
         config = dict(msg.content[CONFIG])
-        job = make_job(cfg, context, int(config.get("server-round", 0)))
+        job = make_job(cfg, context, int(config.get(SERVER_ROUND, 0)))
         if PERSONAL_INIT in msg.content:
             job.set_personal_init(msg.content[PERSONAL_INIT])
         job.set_shared(msg.content[ARRAYS])
@@ -123,7 +133,7 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
         if attack == "label-flip" and is_classifier(job.model):
             flipped = attacks.flip_labels(job.train_loader.dataset, dataset_info(cfg).num_classes)
             job.train_loader = batched(flipped, cfg.batch_size, True, job.train_loader.generator)
-        if config.get("phase") == "pretrain":
+        if config.get(PHASE) == PRETRAIN:
             record, metrics = half.pretrain(job, config)
             records, key = {ARRAYS: record}, ARRAYS
         else:
@@ -137,7 +147,7 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
                 key == ARRAYS,
                 attack,
                 context.node_config,
-                seed=job.partition_id * 7919 + int(config.get("server-round", 0)),
+                seed=job.partition_id * 7919 + int(config.get(SERVER_ROUND, 0)),
             )
         delay = straggler_delay(cfg, context.node_config)
         if delay:
@@ -152,9 +162,7 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
         many training examples does it hold)?"""
         pid = context.node_config.get("partition-id")
         answer = {"partition-id": int(pid)} if pid is not None else {}
-        asked = (
-            str(msg.content[CONFIG].get("query", "")).split(",") if CONFIG in msg.content else []
-        )
+        asked = str(msg.content[CONFIG].get(QUERY, "")).split(",") if CONFIG in msg.content else []
         if "num-train" in asked:
             cfg = parse_config(frozenset({**context.run_config, **(overrides or {})}.items()))
             train, _ = load_client_data(cfg, int(pid), int(context.node_config["num-partitions"]))

@@ -39,16 +39,10 @@ from torch.utils.data import DataLoader
 
 from pflower.config import Config
 from pflower.strategies import get_algorithm
-from pflower.strategies.base import (
-    ARRAYS,
-    CONFIG,
-    METRICS,
-    NUM_EXAMPLES,
-    PERSONAL_INIT,
-    ClientJob,
-)
+from pflower.strategies.client import ClientJob
 from pflower.task import split as splits
 from pflower.task.state import ContextStore, DirectoryStore
+from pflower.wire import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, PERSONAL_INIT, PHASE, PRETRAIN
 
 #: algorithms whose client half replies with weights under ``arrays`` (what NumPyClient.fit
 #: returns); gradient-replying ones (FFGG, PFLEGO) need their own reply key
@@ -126,7 +120,7 @@ class PersonalizedNumPyClient(NumPyClient):
     def _exchanged(self, config: Mapping) -> tuple[str, ...]:
         """The parameters in a message: all of them during FedAvg pre-training (phase
         ``pretrain``), the shared ones otherwise."""
-        if config.get("phase") == "pretrain":
+        if config.get(PHASE) == PRETRAIN:
             return tuple(n for n, _ in self.model.named_parameters())
         return self.split.shared
 
@@ -155,7 +149,7 @@ class PersonalizedNumPyClient(NumPyClient):
     def fit(self, parameters, config):
         config = dict(config)
         job = self._job(parameters, config)
-        if config.get("phase") == "pretrain":  # FedAvg on the whole model
+        if config.get(PHASE) == PRETRAIN:  # FedAvg on the whole model
             record, metrics = self.half.pretrain(job, config)
         else:
             record, metrics = self.half.train(job, config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flwr.app import Context, RecordDict
 
 from pflower.client_app import make_job, parse_config
-from pflower.strategies.base import ClientJob
+from pflower.strategies.client import ClientJob
 
 BASE = {
     "dataset": "digits",

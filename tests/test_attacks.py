@@ -140,7 +140,7 @@ def test_omniscient_nodes_refuse_without_the_simulation():
 
 
 def _update(node, value, tag=None, **extra):
-    from pflower.strategies.base import ClientUpdate
+    from pflower.wire import ClientUpdate
 
     metrics = {"num-examples": 10.0, **({attacks.OMNISCIENT_KEY: tag} if tag else {}), **extra}
     return ClientUpdate(node, {"w": np.asarray(value, np.float32)}, metrics)

@@ -13,7 +13,7 @@ from torch.nn import functional as F
 from pflower.client_app import build_client_app
 from pflower.config import Config, ConfigError
 from pflower.strategies import FedAltClient, FedSimClient
-from pflower.strategies.base import ClientJob
+from pflower.strategies.client import ClientJob
 from pflower.strategies.server_opt import ServerOptimizer, client_lr
 from pflower.task.split import get_tensors
 

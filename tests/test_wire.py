@@ -169,7 +169,7 @@ def test_sampling_is_without_replacement_and_seeded():
 
 
 def test_evaluation_summary_statistics():
-    from pflower.strategies.base import summarize_clients
+    from pflower.strategies.history import summarize_clients
 
     rows = [
         {

@@ -17,13 +17,8 @@ from torch import nn
 from pflower.config import MODELS, Config
 from pflower.strategies.apfl import APFL, APFLClient, apfl_strategy
 from pflower.strategies.async_ffgg import ASYNC_FFGG_DEFAULTS, AsyncFFGG, async_ffgg_strategy
-from pflower.strategies.base import (
-    ClientHalf,
-    ClientJob,
-    ClientUpdate,
-    PersonalizedStrategy,
-    strategy_kwargs,
-)
+from pflower.strategies.base import PersonalizedStrategy, strategy_kwargs
+from pflower.strategies.client import ClientHalf, ClientJob
 from pflower.strategies.fedalt import (
     FedAlt,
     FedAltClient,
@@ -59,6 +54,7 @@ from pflower.task.linear import SyntheticLinear
 from pflower.task.models import build_model, build_user_model, import_object
 from pflower.task.split import Split, make_split
 from pflower.task.train import set_objective
+from pflower.wire import ClientUpdate
 
 
 @dataclass(frozen=True)

@@ -40,18 +40,12 @@ from torch import nn
 from torch.func import functional_call
 
 from pflower.config import Config
-from pflower.strategies.base import (
-    NUM_EXAMPLES,
-    ClientHalf,
-    ClientJob,
-    ClientUpdate,
-    PersonalizedStrategy,
-    tagged_metrics,
-    train_metrics,
-)
+from pflower.strategies.base import PersonalizedStrategy
+from pflower.strategies.client import ClientHalf, ClientJob, tagged_metrics, train_metrics
 from pflower.task import split as splits
 from pflower.task import train as training
 from pflower.task.state import load_matching
+from pflower.wire import NUM_EXAMPLES, PHASE, PRETRAIN, ClientUpdate
 
 V_KEY, ALPHA_KEY = "apfl-v", "apfl-alpha"
 
@@ -212,7 +206,7 @@ class APFLClient(ClientHalf):
     def evaluate(self, job: ClientJob, config: Mapping) -> dict[str, float]:
         """Global (w), personalized (v_bar, either mixing) and localized (w after tau local
         steps, the paper's "FedAvg localized") on this client's test split."""
-        if config.get("phase") == "pretrain":
+        if config.get(PHASE) == PRETRAIN:
             return super().evaluate(job, config)
         w = splits.get_tensors(job.model, _names(job.model))
         glob = job.evaluate()

@@ -1,6 +1,5 @@
-"""The base of every pflower strategy, and the client-side job every client half works on.
-
-Server side, ``PersonalizedStrategy`` (a Flower message-API ``Strategy``):
+"""``PersonalizedStrategy``, the server loop every pflower strategy runs (a Flower
+message-API ``Strategy``):
 
 - samples clients uniformly **without replacement** from its own seeded generator;
 - sends only the shared parameters (``arrays``) and a ``config`` record;
@@ -14,8 +13,9 @@ Server side, ``PersonalizedStrategy`` (a Flower message-API ``Strategy``):
   model's. Evaluation runs every ``evaluate_every`` rounds; the final round evaluates
   every client.
 
-Client side, ``ClientJob`` bundles what a client half needs (model, split, loaders, store)
-and ``ClientHalf`` holds the evaluation protocol shared by all algorithms.
+Its pieces live in small modules: ``pflower.wire`` (keys, reply layout check),
+``history`` (round log, client summaries), ``combine`` (means, robust rules); the client
+side is ``client`` (``ClientJob``, ``ClientHalf``), which imports nothing from here.
 """
 
 from __future__ import annotations
@@ -25,10 +25,8 @@ import random
 import time
 from abc import abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -40,58 +38,36 @@ from flwr.app import (
 )
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
-from torch import nn
-from torch.utils.data import DataLoader
 
 from pflower import attacks
 from pflower.config import Config
 from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator
+from pflower.strategies.combine import robust_aggregator, weighted_mean
+from pflower.strategies.history import RoundLog, summarize_clients, weighted_mean_metrics
 from pflower.strategies.server_opt import ServerOptimizer, client_lr
-from pflower.task import split as splits
-from pflower.task import train as training
-from pflower.task.state import Store, load_matching
+from pflower.wire import (
+    ARRAYS,
+    CONFIG,
+    DELTA,
+    FINAL,
+    GRADIENT,
+    LR,
+    LR_SCALE,
+    METRICS,
+    NUM_EXAMPLES,
+    PERSONAL_INIT,
+    PHASE,
+    PRETRAIN,
+    QUERY,
+    SERVER_ROUND,
+    TRAIN,
+    ClientUpdate,
+    layout_problem,
+)
 
 # A child of Flower's logger, so our records go wherever Flower's go (console, `flwr log`).
 log = logging.getLogger("flwr.pflower")
-
-ARRAYS, DELTA, GRADIENT = "arrays", "delta", "gradient"
-CONFIG, METRICS = "config", "metrics"
-NUM_EXAMPLES = "num-examples"
-PERSONAL = "personal"  # store key of the personal parameters
-PERSONAL_INIT = "personal-init"  # server -> client: the pre-trained model's personal slice
-
-
-# ==========================================================================================
-# Server side
-# ==========================================================================================
-
-
-@dataclass
-class ClientUpdate:
-    """A checked training reply: the sender, its tensors (numpy) and its metrics."""
-
-    node_id: int
-    tensors: dict[str, np.ndarray]
-    metrics: dict[str, float]
-    #: further records of the reply (``extra_reply_keys``), same names and shapes
-    extra: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
-
-    @property
-    def num_examples(self) -> float:
-        return float(self.metrics[NUM_EXAMPLES])
-
-
-@dataclass
-class RoundLog:
-    """What happened in one round, for results.json."""
-
-    round: int
-    train: dict[str, float] = field(default_factory=dict)
-    evaluate: dict[str, float] = field(default_factory=dict)
-    dropped: dict[str, int] = field(default_factory=dict)
-    seconds: float = 0.0
-    server: dict[str, float] = field(default_factory=dict)  # server-side evaluation
 
 
 class PersonalizedStrategy(Strategy):
@@ -299,7 +275,7 @@ class PersonalizedStrategy(Strategy):
         """
         nodes = self.wait_for_nodes(grid, timeout)
         question = "partition-id,num-train" if self.query_num_train else "partition-id"
-        content = RecordDict({CONFIG: ConfigRecord({"query": question})})
+        content = RecordDict({CONFIG: ConfigRecord({QUERY: question})})
         messages = [
             Message(content=content, message_type=MessageType.QUERY, dst_node_id=n) for n in nodes
         ]
@@ -350,7 +326,7 @@ class PersonalizedStrategy(Strategy):
             self.lr, t, rounds, self.lr_schedule, self.lr_warmup_fraction, self.lr_halve_every
         )
         # lr-scale: the schedule's factor, for clients with more than one learning rate
-        return {"lr": lr, "lr-scale": lr / self.lr}
+        return {LR: lr, LR_SCALE: lr / self.lr}
 
     def _split_after_pretraining(self, arrays: ArrayRecord) -> ArrayRecord:
         """At the first round after pre-training: keep the shared part, set ``personal_init``."""
@@ -361,11 +337,11 @@ class PersonalizedStrategy(Strategy):
         return ArrayRecord({k: a for k, a in arrays.items() if k in shared})
 
     def _messages(self, server_round, node_ids, arrays, config: dict, message_type: str):
-        phase = "pretrain" if self.pretraining(server_round) else "train"
+        phase = PRETRAIN if self.pretraining(server_round) else TRAIN
         content = RecordDict(
             {
                 ARRAYS: arrays,
-                CONFIG: ConfigRecord({**config, "server-round": server_round, "phase": phase}),
+                CONFIG: ConfigRecord({**config, SERVER_ROUND: server_round, PHASE: phase}),
             }
         )
         if self.personal_init is not None:
@@ -420,7 +396,7 @@ class PersonalizedStrategy(Strategy):
             arrays = self._split_after_pretraining(arrays)
         final = server_round == self.num_rounds
         nodes = self.sample(grid, self.fraction_evaluate, everyone=final)
-        settings = {**dict(config), "final": final}
+        settings = {**dict(config), FINAL: final}
         return self._messages(server_round, nodes, arrays, settings, MessageType.EVALUATE)
 
     # --- reply checks ----------------------------------------------------------------------
@@ -645,16 +621,6 @@ class PersonalizedStrategy(Strategy):
         return MetricRecord(summary)
 
 
-def layout_problem(record: ArrayRecord, expected: Mapping[str, tuple]) -> str | None:
-    """Why ``record`` is not a set of shared parameters (``expected``: name -> (shape,
-    dtype)), or None: the reply check every aggregating strategy applies before values."""
-    got = {k: (tuple(a.shape), a.dtype) for k, a in record.items()}
-    if got == dict(expected):
-        return None
-    wrong = sorted(set(got.items()) ^ set(expected.items()), key=str)[:3]
-    return f"names/shapes/dtypes differ from the shared parameters: {wrong}"
-
-
 def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> dict:
     """The base-strategy settings of a run config."""
     return {
@@ -680,261 +646,3 @@ def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> d
         "byzantine": cfg.robust_byzantine,
         "attack_simulation": cfg.attack_simulation,
     }
-
-
-def robust_aggregator(cfg: Config) -> Aggregator | None:
-    """The run config's robust rule (``robust-*`` keys), or None."""
-    name = cfg.robust_aggregator
-    if name in ("none", "auto"):
-        return None
-    options = {
-        "trimmed-mean": {"beta": cfg.robust_trim_beta},
-        "krum": {"m": 1},
-        "multi-krum": {"m": cfg.robust_krum_m},
-        "centered-clipping": {
-            "radius": cfg.robust_clip_radius,
-            "iterations": cfg.robust_clip_iterations,
-        },
-    }.get(name, {})
-    return aggregators.make_aggregator(
-        name, bucket_size=cfg.robust_bucket_size, seed=cfg.seed, **options
-    )
-
-
-def weighted_mean(
-    arrays: list[Mapping[str, np.ndarray]], weights: Iterable[float]
-) -> dict[str, np.ndarray]:
-    """Sum_i w_i a_i / Sum_i w_i, name by name, in float64 then cast back by the caller."""
-    w = np.asarray(list(weights), dtype=np.float64)
-    w = w / w.sum()
-    return {k: sum(wi * a[k].astype(np.float64) for wi, a in zip(w, arrays)) for k in arrays[0]}
-
-
-def weighted_mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
-    """Mean of the numeric metrics of the replies, weighted by ``num-examples``."""
-    weights = np.asarray([r[NUM_EXAMPLES] for r in rows], dtype=float)
-    out = {NUM_EXAMPLES: float(weights.sum())}
-    keys = {k for r in rows for k, v in r.items() if isinstance(v, (int, float))} - {NUM_EXAMPLES}
-    for key in sorted(keys):
-        pairs = [(r[key], w) for r, w in zip(rows, weights) if key in r and np.isfinite(r[key])]
-        if pairs:
-            values, ws = zip(*pairs)
-            out[key] = float(np.average(values, weights=ws))
-    return out
-
-
-def summarize_clients(rows: list[dict[str, float]]) -> dict[str, float]:
-    """Pooled and per-client statistics of personalized (and global) test accuracy and loss."""
-    n = np.asarray([r[NUM_EXAMPLES] for r in rows], dtype=float)
-    out: dict[str, float] = {"clients": len(rows), NUM_EXAMPLES: float(n.sum())}
-    for which in ("personal", "global", "localized"):
-        if not all(f"{which}-loss" in r for r in rows):
-            continue
-        loss = np.asarray([r[f"{which}-loss"] for r in rows], dtype=float)
-        out[f"{which}-loss"] = float((loss * n).sum() / n.sum())
-        if all(f"{which}-rmse" in r for r in rows):  # regression: pooled over test examples
-            rmse = np.asarray([r[f"{which}-rmse"] for r in rows], dtype=float)
-            out[f"{which}-rmse"] = float(np.sqrt((rmse**2 * n).sum() / n.sum()))
-            out[f"{which}-rmse-mean"] = float(rmse.mean())
-            for q in (10, 50, 90):
-                out[f"{which}-rmse-p{q}"] = float(np.percentile(rmse, q))
-            out[f"{which}-rmse-worst"] = float(rmse.max())
-        if not all(f"{which}-accuracy" in r for r in rows):
-            continue
-        acc = np.asarray([r[f"{which}-accuracy"] for r in rows], dtype=float)
-        out[f"{which}-accuracy"] = float((acc * n).sum() / n.sum())  # pooled over test examples
-        out[f"{which}-accuracy-mean"] = float(acc.mean())
-        for q in (10, 50, 90):
-            out[f"{which}-accuracy-p{q}"] = float(np.percentile(acc, q))
-        out[f"{which}-accuracy-worst"] = float(acc.min())
-    if "global-accuracy" in out:
-        out["clients-hurt"] = int(sum(r["personal-accuracy"] < r["global-accuracy"] for r in rows))
-    elif "global-loss" in out:
-        out["clients-hurt"] = int(sum(r["personal-loss"] > r["global-loss"] for r in rows))
-    return out
-
-
-# ==========================================================================================
-# Client side
-# ==========================================================================================
-
-
-@dataclass
-class ClientJob:
-    """Everything a client half works on for one message.
-
-    ``split`` is the wire split: ``split.shared`` are the parameters in the message, and
-    ``split.personal`` those that stay on this client. ``init_personal`` is where a client
-    without personal state starts: the pre-trained model's slice when the server sends one
-    (``personal-init``), else the seeded init every client builds identically.
-    """
-
-    cfg: Config
-    partition_id: int
-    num_partitions: int
-    model: nn.Module
-    split: splits.Split
-    train_loader: DataLoader
-    test_loader: DataLoader
-    store: Store
-    device: torch.device
-    init_personal: dict[str, torch.Tensor]
-    #: the message's other ArrayRecords (e.g. Scaffold's ``control``), by key
-    received: dict[str, ArrayRecord] = field(default_factory=dict)
-    #: whether ``restore_personal`` found stored state (reported as ``personal-restored``)
-    restored: bool = False
-
-    @property
-    def num_train(self) -> int:
-        return len(self.train_loader.dataset)
-
-    def set_shared(self, arrays: ArrayRecord) -> None:
-        splits.set_tensors(self.model, arrays.to_torch_state_dict())
-
-    def set_personal_init(self, record: ArrayRecord) -> None:
-        """Use the server's ``personal-init`` record as this client's personal init."""
-        tensors = dict(record.to_torch_state_dict())
-        if list(tensors) != list(self.split.personal):
-            raise ValueError(
-                f"personal-init carries {sorted(tensors)[:4]}…, this client's personal part "
-                f"is {list(self.split.personal)[:4]}…: server and client splits differ"
-            )
-        self.init_personal = tensors
-
-    def shared_record(self) -> ArrayRecord:
-        return ArrayRecord(splits.get_tensors(self.model, self.split.shared))
-
-    def personal_params(self) -> list[nn.Parameter]:
-        return splits.parameters(self.model, self.split.personal)
-
-    def shared_params(self) -> list[nn.Parameter]:
-        return splits.parameters(self.model, self.split.shared)
-
-    def sgd(
-        self,
-        params,
-        *,
-        lr: float,
-        epochs: int | None = None,
-        steps: int | None = None,
-        loader: DataLoader | None = None,
-        correction: Sequence[torch.Tensor] | None = None,
-    ) -> training.TrainResult:
-        """The shared training primitive with this run's optimiser settings."""
-        cfg = self.cfg
-        return training.sgd(
-            self.model,
-            params,
-            loader or self.train_loader,
-            lr=lr,
-            epochs=cfg.local_epochs if epochs is None else epochs,
-            steps=cfg.local_steps if steps is None else steps,
-            momentum=cfg.momentum,
-            weight_decay=cfg.weight_decay,
-            max_grad_norm=cfg.max_grad_norm,
-            correction=correction,
-            device=self.device,
-        )
-
-    def fine_tune(self, names) -> training.TrainResult:
-        """``finetune-epochs`` of SGD on ``names`` only (everything else frozen)."""
-        return self.sgd(
-            splits.parameters(self.model, names),
-            lr=self.cfg.effective_finetune_lr,
-            epochs=self.cfg.finetune_epochs,
-            steps=0,
-        )
-
-    def evaluate(self) -> dict:
-        return training.evaluate(self.model, self.test_loader, self.device)
-
-    def restore_personal(self, key: str = PERSONAL) -> bool:
-        """Load this client's stored personal part; the init if none. True if one was stored."""
-        stored = load_matching(self.store, key, self.init_personal)
-        splits.set_tensors(self.model, stored if stored is not None else self.init_personal)
-        self.restored = self.restored or stored is not None
-        return stored is not None
-
-    def save_personal(self, key: str = PERSONAL) -> None:
-        self.store.save(key, splits.get_tensors(self.model, self.split.personal))
-
-
-def train_metrics(job: ClientJob, *results: training.TrainResult) -> dict[str, float]:
-    """A training reply's metrics: aggregation weight, last loss, passes over the local data."""
-    return {
-        NUM_EXAMPLES: job.num_train,
-        "train-loss": results[-1].loss,
-        "data-passes": sum(r.examples for r in results) / max(1, job.num_train),
-        # 1 when the client resumed from its stored personal state (a restarted device keeps
-        # its layers): the round's mean is the share of clients that did
-        "personal-restored": float(job.restored),
-    }
-
-
-class ClientHalf:
-    """An algorithm's client half. Subclasses implement ``train``.
-
-    The evaluation protocol (DESIGN.md) is the same for all algorithms: on its own test
-    split each client reports the **global** model (shared parameters + what a brand-new
-    client would have as its personal part, ``new_client``) and the **personalized** model
-    (``personalize``: its stored personal part, or, for stateless algorithms, the result of
-    ``finetune-epochs`` of personal-only fine-tuning from the algorithm's init).
-    """
-
-    #: ArrayRecord key of the training reply.
-    reply_key = ARRAYS
-    #: Whether a "global model" accuracy is meaningful (not for purely local training).
-    has_global = True
-    #: Whether the personalized model differs from the global one (not for plain FedAvg).
-    personalizes = True
-
-    @abstractmethod
-    def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
-        """Train on the job's data; return the reply record (sent as ``reply_key``) and
-        metrics (with num-examples). A half whose reply has more records returns them all
-        as a dict ``{key: ArrayRecord}`` instead of the record."""
-
-    def new_client(self, job: ClientJob) -> None:
-        """Set the personal part a brand-new client would start from (default: the init)."""
-        splits.set_tensors(job.model, job.init_personal)
-
-    def personalize(self, job: ClientJob, final: bool = False) -> None:
-        """Set this client's personal part for evaluation (default: fine-tune from init).
-
-        ``final`` is true in the run's last evaluation (stateful algorithms fine-tune then)."""
-        self.new_client(job)
-        job.fine_tune(job.split.personal)
-
-    def pretrain(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
-        """A FedAvg pre-training round (phase ``pretrain``): local SGD on the whole model."""
-        every = [n for n, _ in job.model.named_parameters()]
-        result = job.sgd(splits.parameters(job.model, every), lr=float(config["lr"]))
-        return ArrayRecord(splits.get_tensors(job.model, every)), train_metrics(job, result)
-
-    def evaluate(self, job: ClientJob, config: Mapping) -> dict[str, float]:
-        metrics: dict[str, float] = {"partition-id": job.partition_id, "num-train": job.num_train}
-        if config.get("phase") == "pretrain":  # the whole received model: nothing personal yet
-            out = job.evaluate()
-            return {
-                **metrics,
-                NUM_EXAMPLES: out["num-examples"],
-                **tagged_metrics("personal", out),
-                **tagged_metrics("global", out),
-            }
-        glob: dict = {}
-        if self.has_global:
-            self.new_client(job)
-            glob = job.evaluate()
-            metrics.update(tagged_metrics("global", glob))
-        if self.personalizes or not self.has_global:
-            self.personalize(job, final=bool(config.get("final", False)))
-            pers = job.evaluate()
-        else:
-            pers = glob
-        metrics.update({NUM_EXAMPLES: pers["num-examples"], **tagged_metrics("personal", pers)})
-        return metrics
-
-
-def tagged_metrics(which: str, out: Mapping) -> dict[str, float]:
-    """``loss`` (and ``accuracy`` for classifiers) of an evaluation, as ``<which>-...``."""
-    return {f"{which}-{k}": out[k] for k in ("loss", "accuracy", "rmse") if k in out}

@@ -37,13 +37,9 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from pflower.config import Config
-from pflower.strategies.base import (
-    ClientHalf,
-    ClientJob,
-    ClientUpdate,
-    PersonalizedStrategy,
-    train_metrics,
-)
+from pflower.strategies.base import PersonalizedStrategy
+from pflower.strategies.client import ClientHalf, ClientJob, train_metrics
+from pflower.wire import LR_SCALE, ClientUpdate
 
 
 class FedAlt(PersonalizedStrategy):
@@ -102,7 +98,7 @@ class _PartialClient(ClientHalf):
 
     @staticmethod
     def personal_lr(job: ClientJob, config: Mapping) -> float:
-        return job.cfg.effective_personal_lr * float(config.get("lr-scale", 1.0))
+        return job.cfg.effective_personal_lr * float(config.get(LR_SCALE, 1.0))
 
 
 class FedAltClient(_PartialClient):

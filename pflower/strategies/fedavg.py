@@ -23,15 +23,11 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from pflower.config import Config
-from pflower.strategies.base import (
-    ClientHalf,
-    ClientJob,
-    ClientUpdate,
-    PersonalizedStrategy,
-    train_metrics,
-)
+from pflower.strategies.base import PersonalizedStrategy
+from pflower.strategies.client import ClientHalf, ClientJob, train_metrics
 from pflower.task import train as training
 from pflower.task.split import make_split
+from pflower.wire import ClientUpdate
 
 
 class FedAvg(PersonalizedStrategy):

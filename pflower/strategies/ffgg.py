@@ -49,17 +49,11 @@ import torch
 from flwr.app import ArrayRecord
 
 from pflower.config import Config
-from pflower.strategies.base import (
-    DELTA,
-    GRADIENT,
-    NUM_EXAMPLES,
-    ClientHalf,
-    ClientJob,
-    ClientUpdate,
-    PersonalizedStrategy,
-)
+from pflower.strategies.base import PersonalizedStrategy
+from pflower.strategies.client import ClientHalf, ClientJob
 from pflower.task import split as splits
 from pflower.task import train as training
+from pflower.wire import DELTA, GRADIENT, LR_SCALE, NUM_EXAMPLES, ClientUpdate
 
 #: BR-FFGG's values for run-config keys left at ``auto`` (``config.AUTO``): bucketing with
 #: s = 2 and the coordinate median, one of the agnostic robust rules of the paper's Def. 2
@@ -226,7 +220,7 @@ class LocalFFGGClient(_FFGGClientBase):
             job.personal_params(),
             job.shared_params(),
             job.train_loader,
-            lr_first=cfg.effective_personal_lr * float(config.get("lr-scale", 1.0)),
+            lr_first=cfg.effective_personal_lr * float(config.get(LR_SCALE, 1.0)),
             lr_second=float(config["lr"]),
             steps=steps,
             device=job.device,

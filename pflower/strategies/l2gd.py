@@ -30,17 +30,13 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from pflower.config import Config
-from pflower.strategies.base import (
-    ClientHalf,
-    ClientJob,
-    ClientUpdate,
-    PersonalizedStrategy,
-    train_metrics,
-    weighted_mean,
-)
+from pflower.strategies.base import PersonalizedStrategy
+from pflower.strategies.client import ClientHalf, ClientJob, train_metrics
+from pflower.strategies.combine import weighted_mean
 from pflower.task import split as splits
 from pflower.task import train as training
 from pflower.task.state import load_matching
+from pflower.wire import ClientUpdate
 
 LOCAL_MODEL = "l2gd-model"  # store key of x_m
 #: L2GD's values for run-config keys left at ``auto`` (``config.AUTO``): 10 local steps

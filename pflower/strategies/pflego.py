@@ -46,16 +46,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from pflower.config import Config
-from pflower.strategies.base import (
-    GRADIENT,
-    NUM_EXAMPLES,
-    ClientHalf,
-    ClientJob,
-    ClientUpdate,
-    PersonalizedStrategy,
-    weighted_mean,
-)
+from pflower.strategies.base import PersonalizedStrategy
+from pflower.strategies.client import ClientHalf, ClientJob
+from pflower.strategies.combine import weighted_mean
 from pflower.task import train as training
+from pflower.wire import GRADIENT, NUM_EXAMPLES, ClientUpdate
 
 ALPHA_MODES = ("global", "sampled")
 #: PFLEGO's values for run-config keys left at ``auto`` (``config.AUTO``): the paper's tau

@@ -39,7 +39,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator
-from pflower.strategies.base import layout_problem
+from pflower.wire import layout_problem
 
 # A child of Flower's logger, so the records go wherever Flower's go (console, `flwr log`).
 log = logging.getLogger("flwr.pflower")

@@ -31,17 +31,13 @@ import torch
 from flwr.app import Array, ArrayRecord
 
 from pflower.config import Config
-from pflower.strategies.base import (
-    DELTA,
-    ClientJob,
-    ClientUpdate,
-    PersonalizedStrategy,
-    train_metrics,
-    weighted_mean,
-)
+from pflower.strategies.base import PersonalizedStrategy
+from pflower.strategies.client import ClientJob, train_metrics
+from pflower.strategies.combine import weighted_mean
 from pflower.strategies.fedavg import FedAvgClient
 from pflower.task import train as training
 from pflower.task.state import load_matching
+from pflower.wire import DELTA, ClientUpdate
 
 CONTROL = "control"  # server -> client: c
 CONTROL_DELTA = "control-delta"  # client -> server: c_i^+ - c_i

@@ -1,0 +1,204 @@
+"""The client side every client half works on: ``ClientJob`` (model, split, loaders,
+personal-state store of one message) and ``ClientHalf`` (the evaluation protocol shared by
+all algorithms). Imports nothing from the server side.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from flwr.app import ArrayRecord
+from torch import nn
+from torch.utils.data import DataLoader
+
+from pflower.config import Config
+from pflower.task import split as splits
+from pflower.task import train as training
+from pflower.task.state import Store, load_matching
+from pflower.wire import ARRAYS, FINAL, NUM_EXAMPLES, PHASE, PRETRAIN
+
+PERSONAL = "personal"  # store key of the personal parameters
+
+
+@dataclass
+class ClientJob:
+    """Everything a client half works on for one message.
+
+    ``split`` is the wire split: ``split.shared`` are the parameters in the message, and
+    ``split.personal`` those that stay on this client. ``init_personal`` is where a client
+    without personal state starts: the pre-trained model's slice when the server sends one
+    (``personal-init``), else the seeded init every client builds identically.
+    """
+
+    cfg: Config
+    partition_id: int
+    num_partitions: int
+    model: nn.Module
+    split: splits.Split
+    train_loader: DataLoader
+    test_loader: DataLoader
+    store: Store
+    device: torch.device
+    init_personal: dict[str, torch.Tensor]
+    #: the message's other ArrayRecords (e.g. Scaffold's ``control``), by key
+    received: dict[str, ArrayRecord] = field(default_factory=dict)
+    #: whether ``restore_personal`` found stored state (reported as ``personal-restored``)
+    restored: bool = False
+
+    @property
+    def num_train(self) -> int:
+        return len(self.train_loader.dataset)
+
+    def set_shared(self, arrays: ArrayRecord) -> None:
+        splits.set_tensors(self.model, arrays.to_torch_state_dict())
+
+    def set_personal_init(self, record: ArrayRecord) -> None:
+        """Use the server's ``personal-init`` record as this client's personal init."""
+        tensors = dict(record.to_torch_state_dict())
+        if list(tensors) != list(self.split.personal):
+            raise ValueError(
+                f"personal-init carries {sorted(tensors)[:4]}…, this client's personal part "
+                f"is {list(self.split.personal)[:4]}…: server and client splits differ"
+            )
+        self.init_personal = tensors
+
+    def shared_record(self) -> ArrayRecord:
+        return ArrayRecord(splits.get_tensors(self.model, self.split.shared))
+
+    def personal_params(self) -> list[nn.Parameter]:
+        return splits.parameters(self.model, self.split.personal)
+
+    def shared_params(self) -> list[nn.Parameter]:
+        return splits.parameters(self.model, self.split.shared)
+
+    def sgd(
+        self,
+        params,
+        *,
+        lr: float,
+        epochs: int | None = None,
+        steps: int | None = None,
+        loader: DataLoader | None = None,
+        correction: Sequence[torch.Tensor] | None = None,
+    ) -> training.TrainResult:
+        """The shared training primitive with this run's optimiser settings."""
+        cfg = self.cfg
+        return training.sgd(
+            self.model,
+            params,
+            loader or self.train_loader,
+            lr=lr,
+            epochs=cfg.local_epochs if epochs is None else epochs,
+            steps=cfg.local_steps if steps is None else steps,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            max_grad_norm=cfg.max_grad_norm,
+            correction=correction,
+            device=self.device,
+        )
+
+    def fine_tune(self, names) -> training.TrainResult:
+        """``finetune-epochs`` of SGD on ``names`` only (everything else frozen)."""
+        return self.sgd(
+            splits.parameters(self.model, names),
+            lr=self.cfg.effective_finetune_lr,
+            epochs=self.cfg.finetune_epochs,
+            steps=0,
+        )
+
+    def evaluate(self) -> dict:
+        return training.evaluate(self.model, self.test_loader, self.device)
+
+    def restore_personal(self, key: str = PERSONAL) -> bool:
+        """Load this client's stored personal part; the init if none. True if one was stored."""
+        stored = load_matching(self.store, key, self.init_personal)
+        splits.set_tensors(self.model, stored if stored is not None else self.init_personal)
+        self.restored = self.restored or stored is not None
+        return stored is not None
+
+    def save_personal(self, key: str = PERSONAL) -> None:
+        self.store.save(key, splits.get_tensors(self.model, self.split.personal))
+
+
+def train_metrics(job: ClientJob, *results: training.TrainResult) -> dict[str, float]:
+    """A training reply's metrics: aggregation weight, last loss, passes over the local data."""
+    return {
+        NUM_EXAMPLES: job.num_train,
+        "train-loss": results[-1].loss,
+        "data-passes": sum(r.examples for r in results) / max(1, job.num_train),
+        # 1 when the client resumed from its stored personal state (a restarted device keeps
+        # its layers): the round's mean is the share of clients that did
+        "personal-restored": float(job.restored),
+    }
+
+
+class ClientHalf:
+    """An algorithm's client half. Subclasses implement ``train``.
+
+    The evaluation protocol (DESIGN.md) is the same for all algorithms: on its own test
+    split each client reports the **global** model (shared parameters + what a brand-new
+    client would have as its personal part, ``new_client``) and the **personalized** model
+    (``personalize``: its stored personal part, or, for stateless algorithms, the result of
+    ``finetune-epochs`` of personal-only fine-tuning from the algorithm's init).
+    """
+
+    #: ArrayRecord key of the training reply.
+    reply_key = ARRAYS
+    #: Whether a "global model" accuracy is meaningful (not for purely local training).
+    has_global = True
+    #: Whether the personalized model differs from the global one (not for plain FedAvg).
+    personalizes = True
+
+    @abstractmethod
+    def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
+        """Train on the job's data; return the reply record (sent as ``reply_key``) and
+        metrics (with num-examples). A half whose reply has more records returns them all
+        as a dict ``{key: ArrayRecord}`` instead of the record."""
+
+    def new_client(self, job: ClientJob) -> None:
+        """Set the personal part a brand-new client would start from (default: the init)."""
+        splits.set_tensors(job.model, job.init_personal)
+
+    def personalize(self, job: ClientJob, final: bool = False) -> None:
+        """Set this client's personal part for evaluation (default: fine-tune from init).
+
+        ``final`` is true in the run's last evaluation (stateful algorithms fine-tune then)."""
+        self.new_client(job)
+        job.fine_tune(job.split.personal)
+
+    def pretrain(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
+        """A FedAvg pre-training round (phase ``pretrain``): local SGD on the whole model."""
+        every = [n for n, _ in job.model.named_parameters()]
+        result = job.sgd(splits.parameters(job.model, every), lr=float(config["lr"]))
+        return ArrayRecord(splits.get_tensors(job.model, every)), train_metrics(job, result)
+
+    def evaluate(self, job: ClientJob, config: Mapping) -> dict[str, float]:
+        metrics: dict[str, float] = {"partition-id": job.partition_id, "num-train": job.num_train}
+        if config.get(PHASE) == PRETRAIN:  # the whole received model: nothing personal yet
+            out = job.evaluate()
+            return {
+                **metrics,
+                NUM_EXAMPLES: out["num-examples"],
+                **tagged_metrics("personal", out),
+                **tagged_metrics("global", out),
+            }
+        glob: dict = {}
+        if self.has_global:
+            self.new_client(job)
+            glob = job.evaluate()
+            metrics.update(tagged_metrics("global", glob))
+        if self.personalizes or not self.has_global:
+            self.personalize(job, final=bool(config.get(FINAL, False)))
+            pers = job.evaluate()
+        else:
+            pers = glob
+        metrics.update({NUM_EXAMPLES: pers["num-examples"], **tagged_metrics("personal", pers)})
+        return metrics
+
+
+def tagged_metrics(which: str, out: Mapping) -> dict[str, float]:
+    """``loss`` (and ``accuracy`` for classifiers) of an evaluation, as ``<which>-...``."""
+    return {f"{which}-{k}": out[k] for k in ("loss", "accuracy", "rmse") if k in out}

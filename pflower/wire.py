@@ -1,0 +1,52 @@
+"""What crosses the wire: record, config and metric keys both halves use, and the reply
+check every aggregating strategy applies (pflower's and ``RobustFedAvg``).
+
+DESIGN.md, "What crosses the wire": the server sends ``arrays`` (the shared parameters),
+``personal-init`` (after pre-training), algorithm records (Scaffold's ``control``) and a
+``config`` record; a client replies with exactly one of ``arrays`` / ``delta`` /
+``gradient`` (different keys, so no strategy can average a gradient as if it were a model),
+any records its algorithm adds, and one ``metrics`` record with ``num-examples``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import ArrayRecord
+
+ARRAYS, DELTA, GRADIENT = "arrays", "delta", "gradient"
+CONFIG, METRICS = "config", "metrics"
+NUM_EXAMPLES = "num-examples"
+PERSONAL_INIT = "personal-init"  # server -> client: the pre-trained model's personal slice
+
+# config-record keys the server sends with every message
+SERVER_ROUND, PHASE, LR, LR_SCALE, FINAL = "server-round", "phase", "lr", "lr-scale", "final"
+PRETRAIN, TRAIN = "pretrain", "train"  # values of PHASE
+QUERY = "query"  # the start-up query's question (comma-separated)
+
+
+@dataclass
+class ClientUpdate:
+    """A checked training reply: the sender, its tensors (numpy) and its metrics."""
+
+    node_id: int
+    tensors: dict[str, np.ndarray]
+    metrics: dict[str, float]
+    #: further records of the reply (``extra_reply_keys``), same names and shapes
+    extra: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    @property
+    def num_examples(self) -> float:
+        return float(self.metrics[NUM_EXAMPLES])
+
+
+def layout_problem(record: ArrayRecord, expected: Mapping[str, tuple]) -> str | None:
+    """Why ``record`` is not a set of shared parameters (``expected``: name -> (shape,
+    dtype)), or None: the reply check every aggregating strategy applies before values."""
+    got = {k: (tuple(a.shape), a.dtype) for k, a in record.items()}
+    if got == dict(expected):
+        return None
+    wrong = sorted(set(got.items()) ^ set(expected.items()), key=str)[:3]
+    return f"names/shapes/dtypes differ from the shared parameters: {wrong}"
