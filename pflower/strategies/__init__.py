@@ -2,21 +2,29 @@
 
 Public API: import a strategy into your own Flower ServerApp, e.g.
 ``from pflower.strategies import FedAvg``. ``ALGORITHMS`` maps each ``algorithm`` name of
-the run config to its strategy, its client half and which parameters cross the wire.
+the run config to its registration (``registry.Algorithm``: strategy, client half, which
+parameters cross the wire, defaults); each algorithm's file declares its own entries and
+this module only collects them.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
 
 from torch import nn
 
+from pflower.config import ALGORITHMS as CONFIG_ALGORITHMS
 from pflower.config import MODELS, Config
-from pflower.strategies.apfl import APFL, APFLClient, apfl_strategy
-from pflower.strategies.async_ffgg import ASYNC_FFGG_DEFAULTS, AsyncFFGG, async_ffgg_strategy
+from pflower.strategies import apfl as _apfl
+from pflower.strategies import async_ffgg as _async_ffgg
+from pflower.strategies import fedalt as _fedalt
+from pflower.strategies import fedavg as _fedavg
+from pflower.strategies import ffgg as _ffgg
+from pflower.strategies import l2gd as _l2gd
+from pflower.strategies import pflego as _pflego
+from pflower.strategies import scaffold as _scaffold
+from pflower.strategies.apfl import APFL, APFLClient
+from pflower.strategies.async_ffgg import AsyncFFGG
 from pflower.strategies.base import PersonalizedStrategy, strategy_kwargs
 from pflower.strategies.client import ClientHalf, ClientJob
 from pflower.strategies.fedalt import (
@@ -24,8 +32,6 @@ from pflower.strategies.fedalt import (
     FedAltClient,
     FedSim,
     FedSimClient,
-    fedalt_strategy,
-    fedsim_strategy,
 )
 from pflower.strategies.fedavg import (
     FedAvg,
@@ -34,21 +40,18 @@ from pflower.strategies.fedavg import (
     Local,
     LocalClient,
     LocalGDClient,
-    fedavg_strategy,
-    local_strategy,
 )
 from pflower.strategies.ffgg import (
-    BR_FFGG_DEFAULTS,
+    BRFFGG,
     FFGG,
     FFGGClient,
     LocalFFGG,
     LocalFFGGClient,
-    ffgg_strategy,
-    local_ffgg_strategy,
 )
-from pflower.strategies.l2gd import L2GD, L2GD_DEFAULTS, L2GDClient, l2gd_strategy
-from pflower.strategies.pflego import PFLEGO, PFLEGO_DEFAULTS, PFLEGOClient, pflego_strategy
-from pflower.strategies.scaffold import Scaffold, ScaffoldClient, scaffold_strategy
+from pflower.strategies.l2gd import L2GD, L2GDClient
+from pflower.strategies.pflego import PFLEGO, PFLEGOClient
+from pflower.strategies.registry import Algorithm
+from pflower.strategies.scaffold import Scaffold, ScaffoldClient
 from pflower.task.data import dataset_info
 from pflower.task.linear import SyntheticLinear
 from pflower.task.models import build_model, build_user_model, import_object
@@ -56,49 +59,13 @@ from pflower.task.split import Split, make_split
 from pflower.task.train import set_objective
 from pflower.wire import ClientUpdate
 
-
-@dataclass(frozen=True)
-class Algorithm:
-    """An algorithm of the app: how to build its strategy, its client half, its wire split.
-
-    ``wire_split``: ``"config"`` uses the run config's ``split`` (the personal part stays
-    on the client); ``"none"`` shares every parameter (FedAvg); ``"full"`` shares none
-    (local training). ``personal_split``: the split whose personal part the personalized
-    model adapts (differs from the wire split for FedAvg + fine-tuning). ``defaults``: the
-    values this algorithm uses for run-config keys left at ``auto`` (``config.AUTO``),
-    declared in the algorithm's own file.
-    """
-
-    strategy: Callable[..., PersonalizedStrategy]
-    client: ClientHalf
-    wire_split: str = "config"
-    personal_split: str = "config"
-    defaults: Mapping[str, Any] = field(default_factory=dict)
-
-
-ALGORITHMS: dict[str, Algorithm] = {
-    "fedavg": Algorithm(fedavg_strategy, FedAvgClient(), "none", "none"),
-    "fedavg-ft": Algorithm(fedavg_strategy, FedAvgFineTuneClient(), "none", "config"),
-    "local": Algorithm(local_strategy, LocalClient(), "full", "full"),
-    "fedalt": Algorithm(fedalt_strategy, FedAltClient()),
-    "fedsim": Algorithm(fedsim_strategy, FedSimClient()),
-    # the literature's names for FedAlt / FedSim with the head split (config enforces it)
-    "fedrep": Algorithm(fedalt_strategy, FedAltClient()),
-    "fedper": Algorithm(fedsim_strategy, FedSimClient()),
-    "ffgg": Algorithm(ffgg_strategy, FFGGClient()),
-    "local-ffgg": Algorithm(local_ffgg_strategy, LocalFFGGClient()),
-    "local-gd": Algorithm(fedavg_strategy, LocalGDClient(), "none", "none"),
-    "scaffold": Algorithm(scaffold_strategy, ScaffoldClient(), "none", "none"),
-    # L2GD averages whole local models: all of x_m crosses the wire and all of it is personal
-    "l2gd": Algorithm(l2gd_strategy, L2GDClient(), "none", "full", L2GD_DEFAULTS),
-    "pflego": Algorithm(pflego_strategy, PFLEGOClient(), defaults=PFLEGO_DEFAULTS),
-    # APFL sends the whole global copy w; v and alpha (a whole model) stay on the client
-    "apfl": Algorithm(apfl_strategy, APFLClient(), "none", "full"),
-    # BR-FFGG (Alg. 5): FFGG's clients, the server steps with the robust rule of the config
-    "br-ffgg": Algorithm(ffgg_strategy, FFGGClient(), defaults=BR_FFGG_DEFAULTS),
-    # Asynchronous FFGG (Alg. 3): FFGG's clients, a server loop that applies each gradient
-    "async-ffgg": Algorithm(async_ffgg_strategy, FFGGClient(), defaults=ASYNC_FFGG_DEFAULTS),
+_DECLARED = {
+    name: entry
+    for module in (_fedavg, _fedalt, _ffgg, _scaffold, _l2gd, _pflego, _apfl, _async_ffgg)
+    for name, entry in module.ALGORITHMS.items()
 }
+#: every algorithm of the app (each declared in its own file), in the config's order
+ALGORITHMS: dict[str, Algorithm] = {name: _DECLARED[name] for name in CONFIG_ALGORITHMS}
 
 
 def get_algorithm(name: str) -> Algorithm:
@@ -161,6 +128,7 @@ __all__ = [
     "APFL",
     "APFLClient",
     "AsyncFFGG",
+    "BRFFGG",
     "Algorithm",
     "build_run_model",
     "ClientHalf",

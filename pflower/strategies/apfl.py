@@ -42,6 +42,7 @@ from torch.func import functional_call
 from pflower.config import Config
 from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob, tagged_metrics, train_metrics
+from pflower.strategies.registry import Algorithm
 from pflower.task import split as splits
 from pflower.task import train as training
 from pflower.task.state import load_matching
@@ -257,3 +258,8 @@ def apfl_strategy(cfg: Config, **kwargs) -> APFL:
                 "without BatchNorm"
             )
     return APFL(weighted=cfg.apfl_weighting == "num-examples", **kwargs)
+
+
+#: this file's algorithm: APFL sends the whole global copy w; v and alpha (a whole model)
+#: stay on the client
+ALGORITHMS = {"apfl": Algorithm(apfl_strategy, APFLClient(), "none", "full")}

@@ -39,7 +39,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from pflower.config import Config
-from pflower.strategies.ffgg import FFGG
+from pflower.strategies.ffgg import FFGG, FFGGClient
+from pflower.strategies.registry import Algorithm
 
 # A child of Flower's logger, so the records go wherever Flower's go (console, `flwr log`).
 log = logging.getLogger("flwr.pflower")
@@ -269,3 +270,9 @@ def async_ffgg_strategy(cfg: Config, **kwargs) -> AsyncFFGG:
         client_timeout=cfg.async_client_timeout_s,
         **kwargs,
     )
+
+
+#: this file's algorithm (Alg. 3): FFGG's clients, a server loop applying each gradient
+ALGORITHMS = {
+    "async-ffgg": Algorithm(async_ffgg_strategy, FFGGClient(), defaults=ASYNC_FFGG_DEFAULTS)
+}

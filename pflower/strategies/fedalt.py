@@ -39,6 +39,7 @@ from flwr.app import ArrayRecord
 from pflower.config import Config
 from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob, train_metrics
+from pflower.strategies.registry import Algorithm
 from pflower.wire import LR_SCALE, ClientUpdate
 
 
@@ -144,3 +145,13 @@ def fedalt_strategy(cfg: Config, **kwargs) -> FedAlt:
 
 def fedsim_strategy(cfg: Config, **kwargs) -> FedSim:
     return FedSim(weighted=cfg.fedalt_weighting == "num-examples", **kwargs)
+
+
+#: this file's algorithms; ``fedrep`` / ``fedper`` are the literature's names for FedAlt /
+#: FedSim with the head split (the config enforces it)
+ALGORITHMS = {
+    "fedalt": Algorithm(fedalt_strategy, FedAltClient()),
+    "fedsim": Algorithm(fedsim_strategy, FedSimClient()),
+    "fedrep": Algorithm(fedalt_strategy, FedAltClient()),
+    "fedper": Algorithm(fedsim_strategy, FedSimClient()),
+}

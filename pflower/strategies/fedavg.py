@@ -25,6 +25,7 @@ from flwr.app import ArrayRecord
 from pflower.config import Config
 from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob, train_metrics
+from pflower.strategies.registry import Algorithm
 from pflower.task import train as training
 from pflower.task.split import make_split
 from pflower.wire import ClientUpdate
@@ -120,3 +121,12 @@ def fedavg_strategy(cfg: Config, **kwargs) -> FedAvg:
 
 def local_strategy(cfg: Config, **kwargs) -> Local:
     return Local(**kwargs)
+
+
+#: this file's algorithms, as the app and the config know them
+ALGORITHMS = {
+    "fedavg": Algorithm(fedavg_strategy, FedAvgClient(), "none", "none"),
+    "fedavg-ft": Algorithm(fedavg_strategy, FedAvgFineTuneClient(), "none", "config"),
+    "local": Algorithm(local_strategy, LocalClient(), "full", "full"),
+    "local-gd": Algorithm(fedavg_strategy, LocalGDClient(), "none", "none"),
+}

@@ -51,6 +51,7 @@ from flwr.app import ArrayRecord
 from pflower.config import Config
 from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob
+from pflower.strategies.registry import Algorithm
 from pflower.task import split as splits
 from pflower.task import train as training
 from pflower.wire import DELTA, GRADIENT, LR_SCALE, NUM_EXAMPLES, ClientUpdate
@@ -238,9 +239,45 @@ class LocalFFGGClient(_FFGGClientBase):
         }
 
 
+class BRFFGG(FFGG):
+    """BR-FFGG's server (Alg. 5): ``theta <- theta - gamma_theta * ARAgg(g_1, ..., g_M)``.
+
+    FFGG whose server combines the clients' gradients with a (delta, c)-robust aggregator
+    (Def. 2) instead of the mean: any pflower rule (``robust``), made agnostic by bucketing
+    (``Bucketing(rule, s=2)``, the default of the app's ``br-ffgg``). Byzantine clients may
+    send anything; malformed replies are dropped before the rule sees them.
+
+    Parameters
+    ----------
+    robust : Aggregator
+        The robust rule (``pflower.strategies.aggregators``); required.
+    byzantine : int (default: 0)
+        f, the Byzantine clients per round to tolerate (checked against the rule).
+    **kwargs
+        The parameters of ``FFGG`` and ``PersonalizedStrategy``.
+    """
+
+    def __init__(self, *, robust=None, **kwargs) -> None:
+        if robust is None:
+            raise ValueError("robust = None: BR-FFGG steps with a robust aggregate; pass a rule")
+        super().__init__(robust=robust, **kwargs)
+
+
 def ffgg_strategy(cfg: Config, **kwargs) -> FFGG:
     return FFGG(weighted=cfg.ffgg_weighting == "num-examples", **kwargs)
 
 
+def br_ffgg_strategy(cfg: Config, **kwargs) -> BRFFGG:
+    return BRFFGG(weighted=cfg.ffgg_weighting == "num-examples", **kwargs)
+
+
 def local_ffgg_strategy(cfg: Config, **kwargs) -> LocalFFGG:
     return LocalFFGG(weighted=cfg.ffgg_weighting == "num-examples", **kwargs)
+
+
+#: this file's algorithms
+ALGORITHMS = {
+    "ffgg": Algorithm(ffgg_strategy, FFGGClient()),
+    "local-ffgg": Algorithm(local_ffgg_strategy, LocalFFGGClient()),
+    "br-ffgg": Algorithm(br_ffgg_strategy, FFGGClient(), defaults=BR_FFGG_DEFAULTS),
+}

@@ -33,6 +33,7 @@ from pflower.config import Config
 from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob, train_metrics
 from pflower.strategies.combine import weighted_mean
+from pflower.strategies.registry import Algorithm
 from pflower.task import split as splits
 from pflower.task import train as training
 from pflower.task.state import load_matching
@@ -160,3 +161,8 @@ class L2GDClient(ClientHalf):
 
 def l2gd_strategy(cfg: Config, **kwargs) -> L2GD:
     return L2GD(lam=cfg.l2gd_lambda, p=cfg.effective_l2gd_p, **kwargs)
+
+
+#: this file's algorithm: L2GD averages whole local models, so all of x_m crosses the wire
+#: and all of it is personal
+ALGORITHMS = {"l2gd": Algorithm(l2gd_strategy, L2GDClient(), "none", "full", L2GD_DEFAULTS)}

@@ -49,6 +49,7 @@ from pflower.config import Config
 from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob
 from pflower.strategies.combine import weighted_mean
+from pflower.strategies.registry import Algorithm
 from pflower.task import train as training
 from pflower.wire import GRADIENT, NUM_EXAMPLES, ClientUpdate
 
@@ -242,3 +243,7 @@ def pflego_strategy(cfg: Config, **kwargs) -> PFLEGO:
     model = build_run_model(cfg)
     head_module(model, wire_split(model, cfg).personal)  # refuse other splits at start
     return PFLEGO(alpha=cfg.pflego_alpha, **kwargs)
+
+
+#: this file's algorithm
+ALGORITHMS = {"pflego": Algorithm(pflego_strategy, PFLEGOClient(), defaults=PFLEGO_DEFAULTS)}

@@ -35,6 +35,7 @@ from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientJob, train_metrics
 from pflower.strategies.combine import weighted_mean
 from pflower.strategies.fedavg import FedAvgClient
+from pflower.strategies.registry import Algorithm
 from pflower.task import train as training
 from pflower.task.state import load_matching
 from pflower.wire import DELTA, ClientUpdate
@@ -116,3 +117,7 @@ class ScaffoldClient(FedAvgClient):
 
 def scaffold_strategy(cfg: Config, **kwargs) -> Scaffold:
     return Scaffold(**kwargs)
+
+
+#: this file's algorithm: non-personalized, every parameter crosses the wire
+ALGORITHMS = {"scaffold": Algorithm(scaffold_strategy, ScaffoldClient(), "none", "none")}

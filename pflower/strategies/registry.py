@@ -1,0 +1,30 @@
+"""What an algorithm registers: how the app builds its strategy and client half, which
+parameters cross the wire, and its defaults. Each algorithm's file declares its own
+``ALGORITHMS`` entries; ``pflower.strategies`` collects them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pflower.strategies.client import ClientHalf
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """An algorithm of the app: how to build its strategy, its client half, its wire split.
+
+    ``strategy(cfg, **base_settings)`` builds the server half from the run config.
+    ``wire_split``: ``"config"`` uses the run config's ``split`` (the personal part stays
+    on the client); ``"none"`` shares every parameter (FedAvg); ``"full"`` shares none
+    (local training). ``personal_split``: the split whose personal part the personalized
+    model adapts (differs from the wire split for FedAvg + fine-tuning). ``defaults``: the
+    values this algorithm uses for run-config keys left at ``auto`` (``config.AUTO``).
+    """
+
+    strategy: Callable[..., Any]
+    client: ClientHalf
+    wire_split: str = "config"
+    personal_split: str = "config"
+    defaults: Mapping[str, Any] = field(default_factory=dict)
