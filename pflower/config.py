@@ -403,8 +403,8 @@ class Config(BaseModel):
 
     @property
     def effective_server_lr(self) -> float:
-        """``server-lr``; 0 (not resolved by an algorithm's defaults) is 1.0."""
-        return self.server_lr or 1.0
+        """``server-lr``; 0 (a config not ``resolved``) is the generic default."""
+        return self.server_lr or AUTO["server_lr"][1]
 
     @property
     def effective_finetune_lr(self) -> float:

@@ -101,21 +101,18 @@ class PersonalizedNumPyClient(NumPyClient):
         self.init_personal = {
             k: v.detach().clone() for k, v in splits.get_tensors(model, split.personal).items()
         }
+        self.personal_init: ArrayRecord | None = None  # the server's, once it sends one
         self.device = next(model.parameters()).device
 
     def get_parameters(self, config) -> list[np.ndarray]:
         tensors = splits.get_tensors(self.model, self.split.shared)
         return [tensors[k].detach().cpu().numpy() for k in self.split.shared]
 
-    def set_personal_init(self, tensors: Mapping) -> None:
+    def set_personal_init(self, record: ArrayRecord) -> None:
         """Where a client without personal state starts: the server's ``personal-init`` (the
-        pre-trained model's personal slice) instead of the model's own initial values."""
-        if list(tensors) != list(self.split.personal):
-            raise ValueError(
-                f"personal-init carries {sorted(tensors)[:4]}, this client's personal part is "
-                f"{list(self.split.personal)[:4]}: server and client splits differ"
-            )
-        self.init_personal = {k: v.detach().clone() for k, v in tensors.items()}
+        pre-trained model's personal slice) instead of the model's own initial values;
+        checked against this client's split by ``ClientJob.set_personal_init``."""
+        self.personal_init = record
 
     def _exchanged(self, config: Mapping) -> tuple[str, ...]:
         """The parameters in a message: all of them during FedAvg pre-training (phase
@@ -143,6 +140,8 @@ class PersonalizedNumPyClient(NumPyClient):
             device=self.device,
             init_personal={k: v.clone() for k, v in self.init_personal.items()},
         )
+        if self.personal_init is not None:
+            job.set_personal_init(self.personal_init)
         job.set_shared(ArrayRecord({k: Array(np.asarray(p)) for k, p in zip(names, parameters)}))
         return job
 
@@ -178,7 +177,7 @@ def numpy_client_app(client_fn: Callable[[Context], NumPyClient]) -> ClientApp:
     def client(msg: Message, context: Context) -> NumPyClient:
         made = client_fn(context)
         if PERSONAL_INIT in msg.content and hasattr(made, "set_personal_init"):
-            made.set_personal_init(dict(msg.content[PERSONAL_INIT].to_torch_state_dict()))
+            made.set_personal_init(msg.content[PERSONAL_INIT])
         return made
 
     @app.train()

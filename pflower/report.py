@@ -199,73 +199,50 @@ def _rounds(cfg: Config) -> str:
     return f"{cfg.num_server_rounds} rounds"
 
 
+#: rows of the summary table: label, suffix of the statistic's key
+_SUMMARY_ROWS = (
+    ("pooled over examples", ""),
+    ("mean over clients", "-mean"),
+    ("p10 client", "-p10"),
+    ("p50 client", "-p50"),
+    ("p90 client", "-p90"),
+    ("worst client", "-worst"),
+)
+
+
 def summary_table(report: RunReport) -> str:
-    """A one-screen Markdown table of the final evaluation."""
+    """A one-screen Markdown table of the final evaluation: test accuracy (%) over clients,
+    or for regression runs the test RMSE, then the pooled loss."""
     s, cfg = report.final, report.cfg
-    regression = "personal-rmse" in s and "personal-accuracy" not in s
+    if "personal-rmse" in s and "personal-accuracy" not in s:  # regression
+        title, metric, width, hurt_rule = "test RMSE", "rmse", 8, "personalized loss > global"
+        cell = lambda key: f"{s[key]:.4g}" if key in s else "–"  # noqa: E731
+    else:
+        title, metric, width, hurt_rule = (
+            "test accuracy (%)",
+            "accuracy",
+            6,
+            "personalized < global",
+        )
+        cell = lambda key: _pct(s, key)  # noqa: E731
     lines = [
         f"pflower: {cfg.algorithm} | {cfg.model} | split {report.split} | {cfg.dataset} "
         f"({cfg.partitioner}) | {report.num_nodes} clients | {_rounds(cfg)} "
         f"| {report.seconds:.0f} s",
         "",
+        f"| {title:<24} | personalized | {'global':>{width}} |",
+        f"|{'-' * 26}|{'-' * 14}|{'-' * (width + 2)}|",
     ]
-    if regression:
-        return "\n".join(lines + _regression_table(s, report.dropped))
-    lines += [
-        "| test accuracy (%)        | personalized | global |",
-        "|--------------------------|--------------|--------|",
-    ]
-    rows = [
-        ("pooled over examples", ""),
-        ("mean over clients", "-mean"),
-        ("p10 client", "-p10"),
-        ("p50 client", "-p50"),
-        ("p90 client", "-p90"),
-        ("worst client", "-worst"),
-    ]
-    for label, suffix in rows:
-        personal = _pct(s, f"personal-accuracy{suffix}")
-        glob = _pct(s, f"global-accuracy{suffix}")
-        lines.append(f"| {label:<24} |       {personal} | {glob} |")
+    for label, suffix in _SUMMARY_ROWS:
+        personal, glob = cell(f"personal-{metric}{suffix}"), cell(f"global-{metric}{suffix}")
+        lines.append(f"| {label:<24} | {personal:>12} | {glob:>{width}} |")
     loss = [f"{s[k]:.4g}" if k in s else "–" for k in ("personal-loss", "global-loss")]
-    lines.append(f"| {'pooled loss':<24} | {loss[0]:>12} | {loss[1]:>6} |")
+    lines.append(f"| {'pooled loss':<24} | {loss[0]:>12} | {loss[1]:>{width}} |")
     hurt = s.get("clients-hurt")
     lines += [
         "",
         f"clients evaluated: {int(s.get('clients', 0))}; hurt by personalization "
-        f"(personalized < global): {'–' if hurt is None else int(hurt)}; "
+        f"({hurt_rule}): {'–' if hurt is None else int(hurt)}; "
         f"dropped replies: {report.dropped}",
     ]
     return "\n".join(lines)
-
-
-def _regression_table(s: dict, dropped: int) -> list[str]:
-    """The final evaluation of a regression run: RMSE over clients, pooled loss."""
-    lines = [
-        "| test RMSE                | personalized |   global |",
-        "|--------------------------|--------------|----------|",
-    ]
-    rows = [
-        ("pooled over examples", ""),
-        ("mean over clients", "-mean"),
-        ("p10 client", "-p10"),
-        ("p50 client", "-p50"),
-        ("p90 client", "-p90"),
-        ("worst client", "-worst"),
-    ]
-    for label, suffix in rows:
-        cells = [
-            f"{s[k]:.4g}" if k in s else "–"
-            for k in (f"personal-rmse{suffix}", f"global-rmse{suffix}")
-        ]
-        lines.append(f"| {label:<24} | {cells[0]:>12} | {cells[1]:>8} |")
-    loss = [f"{s[k]:.4g}" if k in s else "–" for k in ("personal-loss", "global-loss")]
-    lines.append(f"| {'pooled loss':<24} | {loss[0]:>12} | {loss[1]:>8} |")
-    hurt = s.get("clients-hurt")
-    lines += [
-        "",
-        f"clients evaluated: {int(s.get('clients', 0))}; hurt by personalization "
-        f"(personalized loss > global): {'–' if hurt is None else int(hurt)}; "
-        f"dropped replies: {dropped}",
-    ]
-    return lines

@@ -226,11 +226,7 @@ def _test_mask(cfg: Config, ds: datasets.Dataset) -> np.ndarray | None:
     """Which rows are fixed test rows (``test-column``, or a pooled train/test source); None
     when the split is left to ``test-fraction``."""
     if cfg.test_column:
-        if cfg.test_column not in ds.column_names:
-            raise ValueError(
-                f"key 'test-column' = {cfg.test_column!r}: the data set has columns "
-                f"{ds.column_names}"
-            )
+        _check_column(cfg.test_column, ds, "test-column")
         values = ds[cfg.test_column]
         return np.asarray([str(v).lower() in ("test", "true", "1") for v in values], dtype=bool)
     if TEST_MARK in ds.column_names:
@@ -240,11 +236,7 @@ def _test_mask(cfg: Config, ds: datasets.Dataset) -> np.ndarray | None:
 
 def _feature_column(cfg: Config, ds: datasets.Dataset) -> str:
     if cfg.feature_column:
-        if cfg.feature_column not in ds.column_names:
-            raise ValueError(
-                f"key 'feature-column' = {cfg.feature_column!r}: the data set has columns "
-                f"{ds.column_names}"
-            )
+        _check_column(cfg.feature_column, ds, "feature-column")
         return cfg.feature_column
     for name in FEATURE_COLUMNS:
         if name in ds.column_names:
@@ -258,10 +250,7 @@ def _check_column(column: str, ds: datasets.Dataset, key: str) -> None:
 
 
 def _check_label(cfg: Config, ds: datasets.Dataset) -> None:
-    if cfg.label_column not in ds.column_names:
-        raise ValueError(
-            f"key 'label-column' = {cfg.label_column!r}: the data set has columns {ds.column_names}"
-        )
+    _check_column(cfg.label_column, ds, "label-column")
 
 
 def _to_arrays(cfg: Config, ds: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
@@ -433,18 +422,6 @@ class ClientArrays:
     y_test: np.ndarray
 
 
-def random_split(
-    n: int, test_fraction: float, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """Train and test indices, a random ``test_fraction`` on the test side (at least one
-    example on each side when there are two): the split of regression data."""
-    order = rng.permutation(n)
-    n_test = int(round(n * test_fraction))
-    if n >= 2:
-        n_test = min(max(n_test, 1), n - 1)
-    return np.sort(order[n_test:]), np.sort(order[:n_test])
-
-
 @functools.lru_cache(maxsize=64)
 def client_arrays(cfg: Config, partition_id: int, num_partitions: int) -> ClientArrays:
     """The client's train and test arrays, deterministic in ``seed``: the fixed assignment
@@ -466,8 +443,8 @@ def client_arrays(cfg: Config, partition_id: int, num_partitions: int) -> Client
     rng = np.random.default_rng([cfg.seed, partition_id])
     if fixed is not None:
         train, test = np.flatnonzero(~fixed), np.flatnonzero(fixed)
-    elif cfg.effective_task == "regression":
-        train, test = random_split(len(y), cfg.test_fraction, rng)
+    elif cfg.effective_task == "regression":  # no classes: one stratum, a random split
+        train, test = stratified_split(np.zeros(len(y)), cfg.test_fraction, rng)
     else:
         train, test = stratified_split(y, cfg.test_fraction, rng)
     if cfg.max_train_samples and len(train) > cfg.max_train_samples:
