@@ -1,8 +1,10 @@
-"""The run configuration: the one place where defaults and limits live.
+"""The run configuration: the run-level keys, composed with every algorithm's settings.
 
 Flower hands both apps a flat mapping of dashed keys (``[tool.flwr.app.config]`` in
 ``pyproject.toml``, overridden by ``flwr run . --run-config "key=value ..."``). ``Config``
-parses it into a validated pydantic model. A bad value fails at start with a
+parses it into one validated pydantic model: ``RunSettings`` (this file) plus the settings
+each algorithm declares in its own file (e.g. ``PFLEGOSettings`` in
+``pflower/strategies/pflego.py``), collected through the registry. A bad value fails at start with a
 ``ConfigError`` that names the key, the value and what is allowed; an unknown key fails the
 same way, so a typo never silently does nothing.
 """
@@ -10,60 +12,16 @@ same way, so a typo never silently does nothing.
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, Self, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-#: Algorithms the app can run. ``fedavg``: FedAvg on the whole model. ``fedavg-ft``: FedAvg,
-#: evaluated after personal-only fine-tuning. ``local``: no federation, each client alone.
-#: ``fedalt`` / ``fedsim``: Pillutla et al. 2022; ``fedrep`` / ``fedper`` are the literature's
-#: names for FedAlt / FedSim with the head split.
-#: ``ffgg`` / ``local-ffgg``: Mishchenko et al., FFGG (Alg. 1) and Local FFGG (Alg. 4).
-#: ``local-gd``: FedAvg with full-batch gradient steps (FFGG's §3.2 baseline).
-#: ``scaffold``: Karimireddy et al. 2020; ``l2gd``: Hanzely & Richtárik 2020 (FFGG's §3.2
-#: baselines). ``pflego``: Nikoloutsopoulos et al., PFLEGO. ``apfl``: Deng et al., APFL.
-#: ``br-ffgg``: Byzantine-robust FFGG (Alg. 5): FFGG with a ``robust-aggregator``.
-ALGORITHMS = (
-    "fedavg",
-    "fedavg-ft",
-    "local",
-    "fedalt",
-    "fedsim",
-    "fedrep",
-    "fedper",
-    "ffgg",
-    "local-ffgg",
-    "local-gd",
-    "scaffold",
-    "l2gd",
-    "pflego",
-    "apfl",
-    "br-ffgg",
-    "async-ffgg",
-)
-APFL_MIXINGS = ("parameters", "outputs")
-ROBUST_AGGREGATORS = (
-    "auto",
-    "none",
-    "median",
-    "trimmed-mean",
-    "krum",
-    "multi-krum",
-    "geometric-median",
-    "centered-clipping",
-)
-SCAFFOLD_CONTROLS = ("local-steps", "full-gradient")
-FFGG_INITS = ("random", "zeros", "received", "stored")
-FFGG_SOLVERS = ("sgd", "gd", "cg")
-FFGG_WEIGHTINGS = ("uniform", "num-examples")
-HEAD_ALIASES = {"fedrep": "fedalt", "fedper": "fedsim"}
-SERVER_OPTIMIZERS = ("sgd", "adam")
-#: ``auto``: Adam for PFLEGO (its experiments), SGD for every other algorithm.
-SERVER_OPTIMIZER_CHOICES = ("auto", *SERVER_OPTIMIZERS)
-PFLEGO_ALPHAS = ("global", "sampled")
-LR_SCHEDULES = ("constant", "linear", "exponential")
-MODELS = (
+#: Allowed values, declared once as ``Literal`` types (pydantic checks them; the tuples of
+#: their values are for code that lists them). Algorithm-specific choices live with their
+#: algorithm (``pflower/strategies/<algorithm>.py``).
+ModelName = Literal[
     "logreg",
     "mlp",
     "pflego-mlp",
@@ -72,31 +30,57 @@ MODELS = (
     "conv4",
     "resnet18-gn",
     "synthetic-linear",
-)
-SPLITS = ("none", "head", "input", "adapter", "full")
-BUILTIN_DATASETS = ("mnist-5k", "digits", "synthetic-leaf", "synthetic-linear")
-#: ``task``: ``auto`` is ``regression`` with ``loss = "mse"`` or the synthetic-linear problem,
+]
+SplitName = Literal["none", "head", "input", "adapter", "full"]
+BuiltinDataset = Literal["mnist-5k", "digits", "synthetic-leaf", "synthetic-linear"]
+#: ``auto`` is ``regression`` with ``loss = "mse"`` or the synthetic-linear problem,
 #: ``classification`` otherwise.
-TASKS = ("auto", "classification", "regression")
-#: ``loss``: ``auto`` is the model's own ``loss(out, target, reduction)`` method when it has
-#: one, else cross-entropy (classification) or the mean squared error (regression); or
+TaskName = Literal["auto", "classification", "regression"]
+#: ``auto`` is the model's own ``loss(out, target, reduction)`` method when it has one, else
+#: cross-entropy (classification) or the mean squared error (regression); or
 #: ``module:function`` for a loss of your own with that signature.
-LOSSES = ("auto", "cross-entropy", "mse")
+LossName = Literal["auto", "cross-entropy", "mse"]
+PartitionerName = Literal["iid", "dirichlet", "pathological", "natural", "round-robin"]
+ClassAssignment = Literal["random", "deterministic", "first-deterministic"]
+DeviceName = Literal["auto", "cpu", "cuda"]
+#: ``auto``: the algorithm's default (PFLEGO: Adam, its experiments), else SGD
+ServerOptimizerName = Literal["auto", "sgd", "adam"]
+LRSchedule = Literal["constant", "linear", "exponential"]
+#: how a server mean weights the sampled clients: by training-set size or all alike
+Weighting = Literal["uniform", "num-examples"]
+RobustAggregator = Literal[
+    "auto",
+    "none",
+    "median",
+    "trimmed-mean",
+    "krum",
+    "multi-krum",
+    "geometric-median",
+    "centered-clipping",
+]
+
+MODELS = get_args(ModelName)
+SPLITS = get_args(SplitName)
+BUILTIN_DATASETS = get_args(BuiltinDataset)
+TASKS = get_args(TaskName)
+LOSSES = get_args(LossName)
+PARTITIONERS = get_args(PartitionerName)
+SERVER_OPTIMIZERS = get_args(ServerOptimizerName)[1:]
+LR_SCHEDULES = get_args(LRSchedule)
+ROBUST_AGGREGATORS = get_args(RobustAggregator)
 #: ``hf:<hub id>`` loads a Hugging Face data set through flwr-datasets; ``disk:<path>`` a
 #: directory written by ``datasets.save_to_disk`` or a folder of parquet files.
 DATASET_PREFIXES = ("hf:", "disk:")
-PARTITIONERS = ("iid", "dirichlet", "pathological", "natural", "round-robin")
-CLASS_ASSIGNMENTS = ("random", "deterministic", "first-deterministic")
-DEVICES = ("auto", "cpu", "cuda")
 
 #: Number of classes of the built-in data sets (``synthetic-leaf`` uses ``synthetic-classes``).
 BUILTIN_NUM_CLASSES = {"mnist-5k": 10, "digits": 10}
 
 
 #: Keys whose value means "the algorithm's default": field -> (that value, the generic
-#: default when the algorithm has none). Algorithms declare theirs in ``DEFAULTS`` next to
-#: their strategy; ``Config.resolved`` applies them.
+#: default when the algorithm has none). Algorithms declare theirs in the ``defaults`` of
+#: their registration, next to their strategy; ``Config.resolved`` applies them.
 AUTO: dict[str, tuple[Any, Any]] = {
+    "server_optimizer": ("auto", "sgd"),
     "server_lr": (0.0, 1.0),
     "local_steps": (0, 0),  # generic: 0 = count local work in epochs
     "personal_lr": (0.0, 0.0),  # generic: 0 = the client lr
@@ -109,33 +93,45 @@ class ConfigError(ValueError):
     """A run-config value that is not allowed; the message names key, value and rule."""
 
 
-def _allowed(names: tuple[str, ...]) -> str:
+def _allowed(names: tuple) -> str:
     return "one of " + ", ".join(repr(n) for n in names)
 
 
-class Config(BaseModel):
-    """Validated run configuration shared by the ServerApp and the ClientApp.
+class Settings(BaseModel):
+    """Base of the run-level keys and of every algorithm's settings: flat dashed keys,
+    unknown keys refused, immutable (hashable: the apps cache per config)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @classmethod
+    def check(cls, cfg: Config) -> None:
+        """Rules across keys that hold when this settings' algorithm runs (``cfg`` is the
+        whole run config); raise ``ConfigError`` naming key, value and what is allowed."""
+
+
+class RunSettings(Settings):
+    """The run-level keys: what to run, the data, the federation, local optimisation, the
+    server optimizer, robust combining, experiments, outputs. Every algorithm reads these;
+    its own keys are in its settings (``pflower/strategies/<algorithm>.py``).
 
     Field names are the dashed run-config keys with ``_`` for ``-``; see README.md for
     the meaning of each key.
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     # --- what to run -----------------------------------------------------------------------
     algorithm: str = "fedalt"
     #: a name of ``MODELS`` or ``module:attribute``, an ``nn.Module`` class or factory of your own
     model: str = "mlp"
     loss: str = "auto"
-    task: str = "auto"
-    split: str = "head"
+    task: TaskName = "auto"
+    split: SplitName = "head"
     split_patterns: str = Field("", alias="split-patterns")
 
     # --- data ------------------------------------------------------------------------------
     dataset: str = "mnist-5k"
-    partitioner: str = "pathological"
+    partitioner: PartitionerName = "pathological"
     classes_per_client: int = Field(2, alias="classes-per-client", ge=1)
-    class_assignment: str = Field("first-deterministic", alias="class-assignment")
+    class_assignment: ClassAssignment = Field("first-deterministic", alias="class-assignment")
     dirichlet_alpha: float = Field(0.3, alias="dirichlet-alpha", gt=0)
     min_partition_size: int = Field(10, alias="min-partition-size", ge=0)
     natural_column: str = Field("client_id", alias="natural-column")
@@ -175,13 +171,13 @@ class Config(BaseModel):
     finetune_lr: float = Field(0.0, alias="finetune-lr", ge=0)
 
     # --- server optimizer and client-lr schedule (all algorithms that aggregate) ----------
-    server_optimizer: str = Field("auto", alias="server-optimizer")
+    server_optimizer: ServerOptimizerName = Field("auto", alias="server-optimizer")
     #: 0: the algorithm's default (PFLEGO: 0.003 with Adam), else 1.0 (SGD with 1.0 = FedAvg)
     server_lr: float = Field(0.0, alias="server-lr", ge=0)
     server_beta1: float = Field(0.9, alias="server-beta1", ge=0, lt=1)
     server_beta2: float = Field(0.999, alias="server-beta2", ge=0, lt=1)
     server_eps: float = Field(1e-8, alias="server-eps", gt=0)
-    lr_schedule: str = Field("constant", alias="lr-schedule")
+    lr_schedule: LRSchedule = Field("constant", alias="lr-schedule")
     lr_warmup_fraction: float = Field(0.1, alias="lr-warmup-fraction", ge=0, lt=1)
     lr_halve_every: int = Field(500, alias="lr-halve-every", ge=1)
 
@@ -189,62 +185,18 @@ class Config(BaseModel):
     personal_lr: float = Field(0.0, alias="personal-lr", ge=0)
     personal_epochs: int = Field(1, alias="personal-epochs", ge=0)
     personal_steps: int = Field(0, alias="personal-steps", ge=0)
-    stateful: bool = True
-    #: FedAlt / FedSim server mean: ``num-examples`` (alpha_i ~ N_i, the paper's objective)
-    #: or ``uniform`` (every sampled client counts the same)
-    fedalt_weighting: str = Field("num-examples", alias="fedalt-weighting")
     pretrain_rounds: int = Field(0, alias="pretrain-rounds", ge=0)
     pretrain_lr: float = Field(0.0, alias="pretrain-lr", ge=0)
 
-    # --- FFGG / Local FFGG ---------------------------------------------------------------------
-    ffgg_init: str = Field("random", alias="ffgg-init")
-    ffgg_solver: str = Field("sgd", alias="ffgg-solver")
-    ffgg_weighting: str = Field("uniform", alias="ffgg-weighting")
-
-    # --- Scaffold / L2GD (FFGG's §3.2 baselines) --------------------------------------------
-    scaffold_control: str = Field("local-steps", alias="scaffold-control")
-    l2gd_lambda: float = Field(0.1, alias="l2gd-lambda", ge=0)
-    l2gd_p: float = Field(0.0, alias="l2gd-p", ge=0, lt=1)
-
-    # --- PFLEGO ----------------------------------------------------------------------------
-    pflego_alpha: str = Field("global", alias="pflego-alpha")
-    pflego_head_alpha: bool = Field(False, alias="pflego-head-alpha")
-    pflego_local_labels: bool = Field(False, alias="pflego-local-labels")
-
-    # --- APFL ------------------------------------------------------------------------------
-    #: the initial (or fixed) alpha. The paper's synthetic runs start at 0.01; from there the
-    #: adaptive alpha collapses to 0 for many clients on pathological splits (v then stops
-    #: moving: its step carries the factor alpha) and APFL personalizes nothing, so 0.5
-    apfl_alpha: float = Field(0.5, alias="apfl-alpha", ge=0, le=1)
-    apfl_adaptive: bool = Field(True, alias="apfl-adaptive")
-    apfl_mixing: str = Field("parameters", alias="apfl-mixing")
-    apfl_lr_decay: float = Field(0.99, alias="apfl-lr-decay", gt=0, le=1)
-    apfl_weighting: str = Field("uniform", alias="apfl-weighting")
-
     # --- Byzantine robustness (every strategy that aggregates updates) -------------------
     #: ``auto``: the algorithm's default (BR-FFGG: ``median``), else ``none``
-    robust_aggregator: str = Field("auto", alias="robust-aggregator")
+    robust_aggregator: RobustAggregator = Field("auto", alias="robust-aggregator")
     robust_byzantine: int = Field(0, alias="robust-byzantine", ge=0)
     robust_bucket_size: int = Field(0, alias="robust-bucket-size", ge=0)
     robust_trim_beta: float = Field(0.1, alias="robust-trim-beta", ge=0, lt=0.5)
     robust_krum_m: int = Field(3, alias="robust-krum-m", ge=1)
     robust_clip_radius: float = Field(1.0, alias="robust-clip-radius", gt=0)
     robust_clip_iterations: int = Field(3, alias="robust-clip-iterations", ge=1)
-    # --- asynchronous FFGG (Alg. 3) -------------------------------------------------------
-    #: clients computing at any time; 0: round(fraction-train x trainable nodes)
-    async_concurrency: int = Field(0, alias="async-concurrency", ge=0)
-    #: server updates to apply; 0: num-server-rounds x concurrency
-    async_updates: int = Field(0, alias="async-updates", ge=0)
-    #: drop updates computed on a theta more than this many versions old; -1: keep all
-    async_max_staleness: int = Field(-1, alias="async-max-staleness", ge=-1)
-    #: a in the step gamma / (1 + staleness)^a; 0: the paper's constant step
-    async_staleness_power: float = Field(0.0, alias="async-staleness-power", ge=0)
-    #: stop after this many seconds of training; 0: no limit
-    async_time_budget_s: float = Field(0.0, alias="async-time-budget-s", ge=0)
-    #: evaluate every this many updates; 0: evaluate-every x concurrency
-    async_evaluate_every: int = Field(0, alias="async-evaluate-every", ge=0)
-    #: a message unanswered this long frees its slot for another client
-    async_client_timeout_s: float = Field(600.0, alias="async-client-timeout-s", gt=0)
     # --- straggler simulation (any algorithm; the ClientApp sleeps after training) -----------
     #: seconds every client adds to each training reply (0: none); node config delay-s overrides
     straggler_delay_s: float = Field(0.0, alias="straggler-delay-s", ge=0)
@@ -257,7 +209,7 @@ class Config(BaseModel):
 
     # --- run -------------------------------------------------------------------------------
     seed: int = 0
-    device: str = "auto"
+    device: DeviceName = "auto"
     outputs_dir: str = Field("outputs", alias="outputs-dir")
     #: save the shared parameters every this many rounds (outputs/<run>/checkpoints/); 0: only
     #: the final ones (final-shared.pt)
@@ -267,13 +219,15 @@ class Config(BaseModel):
     resume_from: str = Field("", alias="resume-from")
 
     @model_validator(mode="after")
-    def _check_names(self) -> Config:
-        _one_of("algorithm", self.algorithm, ALGORITHMS)
+    def _check_run(self) -> RunSettings:
+        """Rules across run-level keys, then the chosen algorithm's own (``Settings.check``)."""
+        from pflower.strategies import get_algorithm  # the registry (it imports this module)
+
+        _one_of("algorithm", self.algorithm, algorithm_names())
         if not _import_path(self.model):
             _one_of("model", self.model, MODELS, "or 'module:Class' for a model of your own")
         if not _import_path(self.loss):
             _one_of("loss", self.loss, LOSSES, "or 'module:function' for a loss of your own")
-        _one_of("task", self.task, TASKS)
         if self.task == "classification" and (
             self.loss == "mse" or "synthetic-linear" in (self.model, self.dataset)
         ):
@@ -281,58 +235,6 @@ class Config(BaseModel):
                 f"key 'task' = 'classification': loss {self.loss!r}, model {self.model!r}, "
                 f"data set {self.dataset!r} make a regression problem; use task 'regression' "
                 "or 'auto'"
-            )
-        _one_of("split", self.split, SPLITS)
-        _one_of("partitioner", self.partitioner, PARTITIONERS)
-        _one_of("class-assignment", self.class_assignment, CLASS_ASSIGNMENTS)
-        _one_of("device", self.device, DEVICES)
-        _one_of("server-optimizer", self.server_optimizer, SERVER_OPTIMIZER_CHOICES)
-        _one_of("pflego-alpha", self.pflego_alpha, PFLEGO_ALPHAS)
-        _one_of("apfl-mixing", self.apfl_mixing, APFL_MIXINGS)
-        _one_of("robust-aggregator", self.robust_aggregator, ROBUST_AGGREGATORS)
-        if self.algorithm == "br-ffgg" and self.robust_aggregator == "none":  # not "auto"
-            raise ConfigError(
-                "key 'robust-aggregator' = 'none': br-ffgg steps with a robust aggregate; "
-                f"choose one of {ROBUST_AGGREGATORS[1:]} (with 'robust-bucket-size' = 2 for "
-                "the agnostic robust rules of the paper's Def. 2)"
-            )
-        if self.algorithm == "async-ffgg" and self.pretrain_rounds:
-            raise ConfigError(
-                f"key 'pretrain-rounds' = {self.pretrain_rounds}: async-ffgg applies single "
-                "client updates as they arrive and has no FedAvg pre-training rounds; set 0"
-            )
-        if self.algorithm == "async-ffgg" and self.robust_aggregator not in ("auto", "none"):
-            raise ConfigError(
-                f"key 'robust-aggregator' = {self.robust_aggregator!r}: async-ffgg applies "
-                "single client updates, there is nothing to combine robustly; set 'none'"
-            )
-        _one_of("apfl-weighting", self.apfl_weighting, FFGG_WEIGHTINGS)
-        _one_of("fedalt-weighting", self.fedalt_weighting, FFGG_WEIGHTINGS)
-        _one_of("lr-schedule", self.lr_schedule, LR_SCHEDULES)
-        _one_of("ffgg-init", self.ffgg_init, FFGG_INITS)
-        _one_of("ffgg-solver", self.ffgg_solver, FFGG_SOLVERS)
-        _one_of("ffgg-weighting", self.ffgg_weighting, FFGG_WEIGHTINGS)
-        _one_of("scaffold-control", self.scaffold_control, SCAFFOLD_CONTROLS)
-        if self.algorithm == "l2gd" and self.fraction_train != 1:
-            raise ConfigError(
-                f"key 'fraction-train' = {self.fraction_train}: l2gd needs 1.0 (every client "
-                "takes every step of L2GD)"
-            )
-        if self.algorithm == "l2gd" and self.l2gd_p == 0 and self.local_steps == 1:
-            raise ConfigError(
-                "key 'l2gd-p' = 0 means p = 1/local-steps, and 'local-steps' = 1: set "
-                "'local-steps' >= 2 (0: L2GD's default, 10) or 'l2gd-p' in (0, 1)"
-            )
-        if self.ffgg_solver in ("gd", "cg") and self.personal_steps == 0:
-            raise ConfigError(
-                f"key 'personal-steps' = 0: ffgg-solver {self.ffgg_solver!r} runs "
-                "'personal-steps' full-batch iterations; set it > 0"
-            )
-        if self.algorithm in HEAD_ALIASES and (self.split != "head" or self.split_patterns):
-            raise ConfigError(
-                f"key 'split' = {self.split!r}: algorithm {self.algorithm!r} is "
-                f"{HEAD_ALIASES[self.algorithm]!r} with the head split; use split 'head', or "
-                f"algorithm {HEAD_ALIASES[self.algorithm]!r} for other splits"
             )
         if self.personal_epochs == 0 and self.personal_steps == 0:
             raise ConfigError(
@@ -378,6 +280,8 @@ class Config(BaseModel):
                 f"key 'classes-per-client' = {self.classes_per_client}: data set "
                 f"{self.dataset!r} has {num_classes} classes; must be in 1..{num_classes}"
             )
+        for settings in get_algorithm(self.algorithm).settings:
+            settings.check(self)
         return self
 
     # --- derived values --------------------------------------------------------------------
@@ -407,6 +311,12 @@ class Config(BaseModel):
         return self.server_lr or AUTO["server_lr"][1]
 
     @property
+    def effective_server_optimizer(self) -> str:
+        """``server-optimizer``; ``auto`` (a config not ``resolved``) is the generic default."""
+        auto, generic = AUTO["server_optimizer"]
+        return generic if self.server_optimizer == auto else self.server_optimizer
+
+    @property
     def effective_finetune_lr(self) -> float:
         return self.finetune_lr or self.lr
 
@@ -419,22 +329,6 @@ class Config(BaseModel):
         return self.pretrain_lr or self.lr
 
     @property
-    def effective_server_optimizer(self) -> str:
-        if self.server_optimizer != "auto":
-            return self.server_optimizer
-        return "adam" if self.algorithm == "pflego" else "sgd"
-
-    @property
-    def effective_l2gd_p(self) -> float:
-        """L2GD's probability of an averaging step: ``l2gd-p``, or 1/local-steps."""
-        return self.l2gd_p or 1.0 / self.local_steps
-
-    @property
-    def base_algorithm(self) -> str:
-        """``fedrep`` -> ``fedalt``, ``fedper`` -> ``fedsim``; others unchanged."""
-        return HEAD_ALIASES.get(self.algorithm, self.algorithm)
-
-    @property
     def total_rounds(self) -> int:
         """FedAvg pre-training rounds plus the algorithm's rounds."""
         return self.pretrain_rounds + self.num_server_rounds
@@ -444,19 +338,19 @@ class Config(BaseModel):
         return self.model_dump(by_alias=True)
 
     @classmethod
-    def from_run_config(cls, run_config: Mapping[str, Any]) -> Config:
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> Self:
         """Parse Flower's flat run config; raise ``ConfigError`` naming key, value, rule.
         Keys left at their ``auto`` value take the algorithm's defaults (``resolved``)."""
         try:
             return cls.model_validate(dict(run_config)).resolved()
         except ValidationError as err:
-            raise ConfigError(_describe(err)) from None
+            raise ConfigError(_describe(cls, err)) from None
 
-    def resolved(self) -> Config:
+    def resolved(self) -> Self:
         """This config with every key at its ``auto`` value (``AUTO``) replaced by the
-        algorithm's default for it (the ``DEFAULTS`` in the algorithm's own file, e.g.
-        PFLEGO's server lr and tau) or by the generic one."""
-        from pflower.strategies import get_algorithm  # the registry (it imports this module)
+        algorithm's default for it (the ``defaults`` of its registration, e.g. PFLEGO's
+        server lr and tau) or by the generic one."""
+        from pflower.strategies import get_algorithm
 
         defaults = get_algorithm(self.algorithm).defaults
         update = {
@@ -466,13 +360,87 @@ class Config(BaseModel):
         }
         return self.model_copy(update=update) if update else self
 
+    def ignored_keys(self) -> dict[str, Any]:
+        """Keys set away from their default that belong only to other algorithms' settings
+        (e.g. ``ffgg-init`` in a FedAlt run): reported at start, never silently dropped."""
+        from pflower.strategies import get_algorithm
+
+        mine = {f for s in get_algorithm(self.algorithm).settings for f in s.model_fields}
+        fields = type(self).model_fields
+        return {
+            info.alias or name: getattr(self, name)
+            for name, info in fields.items()
+            if name not in RunSettings.model_fields
+            and name not in mine
+            and getattr(self, name) != info.default
+        }
+
+
+def algorithm_names() -> tuple[str, ...]:
+    """Every ``algorithm`` name, as the algorithms' files register them."""
+    from pflower.strategies import ALGORITHMS as registry
+
+    return tuple(registry)
+
+
+_composing = False
+
+
+@functools.cache
+def _compose() -> type[RunSettings]:
+    """``Config``: the run-level keys plus every registered algorithm's settings, one flat
+    model (Flower's run config is one flat mapping). Built on first use because the
+    algorithms' files, which declare the settings, are read through the registry; they
+    import ``Config`` for annotations only."""
+    global _composing
+    if _composing:
+        raise ImportError(
+            "pflower.config.Config is composed from the algorithms' settings: a module the "
+            "registry imports may use it in annotations only (import under TYPE_CHECKING)"
+        )
+    _composing = True
+    try:
+        from pflower.strategies import ALGORITHMS as registry
+
+        parts = dict.fromkeys(s for entry in registry.values() for s in entry.settings)
+        return create_model(
+            "Config",
+            __base__=(RunSettings, *reversed(parts)),
+            __module__=__name__,
+            __doc__=(
+                "Validated run configuration shared by the ServerApp and the ClientApp: "
+                "``RunSettings`` plus every algorithm's settings, one flat model."
+            ),
+        )
+    finally:
+        _composing = False
+
+
+def __getattr__(name: str) -> Any:
+    # ``Config`` and the algorithm names come from the registry (PEP 562: built lazily)
+    if name == "Config":
+        return _compose()
+    if name == "ALGORITHMS":
+        return algorithm_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if TYPE_CHECKING:  # for readers and type checkers: the composed class is a RunSettings
+    Config = RunSettings
+    ALGORITHMS: tuple[str, ...]
+
 
 def _one_of(key: str, value: str, names: tuple[str, ...], alternative: str = "") -> None:
     if value not in names:
-        close = difflib.get_close_matches(value, names, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
         extra = f", {alternative}" if alternative else ""
-        raise ConfigError(f"key {key!r} = {value!r}: must be {_allowed(names)}{extra}{hint}")
+        raise ConfigError(f"key {key!r} = {value!r}: must be {_choices(value, names)}{extra}")
+
+
+def _choices(value: Any, names: tuple[str, ...]) -> str:
+    """'one of 'a', 'b' (did you mean 'a'?)'."""
+    close = difflib.get_close_matches(str(value), [str(n) for n in names], n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return _allowed(names) + hint
 
 
 def _import_path(value: str) -> bool:
@@ -483,16 +451,20 @@ def _import_path(value: str) -> bool:
     )
 
 
-def _describe(err: ValidationError) -> str:
+def _describe(cls: type[BaseModel], err: ValidationError) -> str:
     """Turn pydantic's errors into 'key = value: what is allowed' phrases."""
     lines = []
     for e in err.errors():
-        if not e["loc"]:  # raised by _check_names: already phrased with key and value
+        if not e["loc"]:  # raised by a model validator: already phrased with key and value
             lines.append(e["msg"].removeprefix("Value error, "))
             continue
-        key = str(e["loc"][0]).replace("_", "-")
+        name = str(e["loc"][0])
+        key = name.replace("_", "-")
         if e["type"] == "extra_forbidden":
             lines.append(f"key {key!r} = {e['input']!r}: unknown key; README.md lists the keys")
+        elif e["type"] == "literal_error" and name.replace("-", "_") in cls.model_fields:
+            names = get_args(cls.model_fields[name.replace("-", "_")].annotation)
+            lines.append(f"key {key!r} = {e['input']!r}: must be {_choices(e['input'], names)}")
         else:
             lines.append(f"key {key!r} = {e['input']!r}: {e['msg'].lower()}")
     return "invalid run config: " + "; ".join(lines)

@@ -40,6 +40,13 @@ def run(grid: Grid, cfg: Config) -> report.RunReport:
     model = build_run_model(cfg)
     split, personal = wire_split(model, cfg), personal_split(model, cfg)
     log.info("pflower: %s on %s, model %s", cfg.algorithm, cfg.dataset, cfg.model)
+    ignored = cfg.ignored_keys()
+    if ignored:  # set, but another algorithm's: say so once instead of dropping them silently
+        log.warning(
+            "pflower: keys ignored by algorithm %r (they belong to other algorithms): %s",
+            cfg.algorithm,
+            ", ".join(f"{k}={v!r}" for k, v in ignored.items()),
+        )
     log.info("personalized part: %s", personal.describe())
     log.info(
         "on the wire: %d of %d parameters", split.num_shared, split.num_shared + split.num_personal

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pflower.config import ALGORITHMS, Config, ConfigError
+from pflower.config import ALGORITHMS, Config, ConfigError, RunSettings
 from pflower.strategies import ALGORITHMS as REGISTERED
 
 PYPROJECT = Path(__file__).parents[1] / "pyproject.toml"
@@ -21,14 +21,56 @@ def test_default_run_config_in_pyproject_parses():
     assert set(run_config) == set(cfg.to_flat())
 
 
-def test_every_config_algorithm_is_registered():
-    assert set(ALGORITHMS) == set(REGISTERED)
+def test_each_algorithm_declares_its_settings_in_its_own_file():
+    """Config = RunSettings + the algorithms' settings; an algorithm's keys are declared next
+    to its strategy and client half, and each key belongs to one settings class."""
+    assert tuple(REGISTERED) == ALGORITHMS
+    owners: dict[str, type] = {}
+    for name, entry in REGISTERED.items():
+        # async-ffgg: its own keys beside its strategy, FFGG's beside FFGG's client half
+        homes = {entry.strategy.__module__, entry.client.__class__.__module__}
+        for settings in entry.settings:
+            assert settings.__module__ in homes, (name, settings)
+            for field in settings.model_fields:
+                assert owners.setdefault(field, settings) is settings, field
+    assert not set(owners) & set(RunSettings.model_fields)
+    assert set(Config.model_fields) == set(RunSettings.model_fields) | set(owners)
+
+
+def test_keys_of_other_algorithms_are_reported_not_dropped():
+    cfg = Config.from_run_config({"algorithm": "fedalt", "ffgg-init": "zeros", "l2gd-p": 0.2})
+    assert cfg.ignored_keys() == {"ffgg-init": "zeros", "l2gd-p": 0.2}
+    assert not Config.from_run_config({"algorithm": "ffgg", "ffgg-init": "zeros"}).ignored_keys()
+    # a key left at its default is not reported
+    assert Config.from_run_config({"algorithm": "fedalt"}).ignored_keys() == {}
+
+
+def test_an_algorithms_rules_apply_when_it_runs():
+    # l2gd needs every client every step; other algorithms sample
+    with pytest.raises(ConfigError, match="'fraction-train' = 0.5: l2gd needs 1.0"):
+        Config.from_run_config({"algorithm": "l2gd", "fraction-train": 0.5})
+    Config.from_run_config({"algorithm": "fedalt", "fraction-train": 0.5})
+    with pytest.raises(ConfigError, match="'personal-steps' = 0: ffgg-solver 'cg'"):
+        Config.from_run_config({"algorithm": "ffgg", "ffgg-solver": "cg"})
+    assert Config.from_run_config({"algorithm": "apfl", "ffgg-solver": "cg"}).ignored_keys()
+
+
+def test_algorithm_defaults_fill_keys_left_at_auto():
+    cfg = Config.from_run_config({"algorithm": "pflego"})
+    assert (cfg.server_optimizer, cfg.server_lr, cfg.local_steps) == ("adam", 0.003, 50)
+    cfg = Config.from_run_config({"algorithm": "fedalt"})
+    assert (cfg.server_optimizer, cfg.server_lr, cfg.local_steps) == ("sgd", 1.0, 0)
+    cfg = Config.from_run_config({"algorithm": "pflego", "server-lr": 0.01, "local-steps": 5})
+    assert (cfg.server_lr, cfg.local_steps) == (0.01, 5)  # set by the user: kept
 
 
 @pytest.mark.parametrize(
     "key, value, allowed",
     [
-        ("algorithm", "fedavgg", "'fedavg'"),
+        ("algorithm", "fedavgg", "did you mean 'fedavg'"),
+        ("ffgg-init", "zero", "did you mean 'zeros'"),
+        ("apfl-mixing", "logits", "'outputs'"),
+        ("pflego-alpha", "local", "'sampled'"),
         ("model", "resnet50", "'resnet18-gn'"),
         ("split", "tail", "'head'"),
         ("dataset", "cifar10", "hf:"),

@@ -12,7 +12,7 @@ from torch.nn import functional as F
 
 from pflower.client_app import build_client_app
 from pflower.config import Config, ConfigError
-from pflower.strategies import FedAltClient, FedSimClient
+from pflower.strategies import FedAltClient, FedSimClient, get_algorithm
 from pflower.strategies.client import ClientJob
 from pflower.strategies.server_opt import ServerOptimizer, client_lr
 from pflower.task.split import get_tensors
@@ -162,8 +162,8 @@ def test_client_lr_schedules():
 
 
 def test_fedrep_and_fedper_are_aliases_with_the_head_split():
-    assert Config.from_run_config({"algorithm": "fedrep"}).base_algorithm == "fedalt"
-    assert Config.from_run_config({"algorithm": "fedper"}).base_algorithm == "fedsim"
+    assert get_algorithm("fedrep").strategy is get_algorithm("fedalt").strategy
+    assert get_algorithm("fedper").client.__class__ is get_algorithm("fedsim").client.__class__
     with pytest.raises(ConfigError, match="'fedrep' is 'fedalt' with the head split"):
         Config.from_run_config({"algorithm": "fedrep", "split": "input"})
 

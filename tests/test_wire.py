@@ -17,8 +17,9 @@ from flwr.app import (
 )
 
 from pflower.client_app import build_client_app
-from pflower.config import HEAD_ALIASES, Config
+from pflower.config import Config
 from pflower.strategies import ALGORITHMS, FedAvg, personal_split, wire_split
+from pflower.strategies.fedalt import HEAD_ALIASES
 from pflower.task.data import dataset_info
 from pflower.task.models import build_model
 from pflower.task.split import get_tensors

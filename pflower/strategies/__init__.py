@@ -10,11 +10,11 @@ this module only collects them.
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 from torch import nn
 
-from pflower.config import ALGORITHMS as CONFIG_ALGORITHMS
-from pflower.config import MODELS, Config
+from pflower.config import MODELS
 from pflower.strategies import apfl as _apfl
 from pflower.strategies import async_ffgg as _async_ffgg
 from pflower.strategies import fedalt as _fedalt
@@ -59,13 +59,16 @@ from pflower.task.split import Split, make_split
 from pflower.task.train import set_objective
 from pflower.wire import ClientUpdate
 
-_DECLARED = {
+if TYPE_CHECKING:
+    from pflower.config import Config
+
+#: every algorithm of the app, each declared (strategy, client half, wire split, settings,
+#: defaults) in its own file; ``pflower.config.Config`` composes their settings
+ALGORITHMS: dict[str, Algorithm] = {
     name: entry
     for module in (_fedavg, _fedalt, _ffgg, _scaffold, _l2gd, _pflego, _apfl, _async_ffgg)
     for name, entry in module.ALGORITHMS.items()
 }
-#: every algorithm of the app (each declared in its own file), in the config's order
-ALGORITHMS: dict[str, Algorithm] = {name: _DECLARED[name] for name in CONFIG_ALGORITHMS}
 
 
 def get_algorithm(name: str) -> Algorithm:

@@ -32,14 +32,16 @@ fine-tuned for ``finetune-epochs`` with w fixed before it is evaluated.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord
+from pydantic import Field
 from torch import nn
 from torch.func import functional_call
 
-from pflower.config import Config
+from pflower.config import Settings, Weighting
 from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob, tagged_metrics, train_metrics
 from pflower.strategies.registry import Algorithm
@@ -48,7 +50,32 @@ from pflower.task import train as training
 from pflower.task.state import load_matching
 from pflower.wire import NUM_EXAMPLES, PHASE, PRETRAIN, ClientUpdate
 
+if TYPE_CHECKING:
+    from pflower.config import Config
+
+# --- wire contract: shares the whole global copy w (reply ``arrays``); the config record
+# carries APFL's own round number (pre-training rounds excluded: the step schedule's t0);
+# the device's store keeps v and alpha, which never travel
+ROUND = "apfl-round"
 V_KEY, ALPHA_KEY = "apfl-v", "apfl-alpha"
+
+
+class APFLSettings(Settings):
+    """APFL's own keys."""
+
+    #: the initial (or fixed) alpha. The paper's synthetic runs start at 0.01; from there the
+    #: adaptive alpha collapses to 0 for many clients on pathological splits (v then stops
+    #: moving: its step carries the factor alpha) and APFL personalizes nothing, so 0.5
+    apfl_alpha: float = Field(0.5, alias="apfl-alpha", ge=0, le=1)
+    #: learn alpha by gradient steps (the paper's adaptive APFL); false: keep it fixed
+    apfl_adaptive: bool = Field(True, alias="apfl-adaptive")
+    #: mix ``parameters`` (v_bar = alpha v + (1 - alpha) w, the paper) or model ``outputs``
+    #: (mixed logits, the authors' code)
+    apfl_mixing: Literal["parameters", "outputs"] = Field("parameters", alias="apfl-mixing")
+    #: eta_t = lr * decay^t over the global step t = (round - 1) * tau + k
+    apfl_lr_decay: float = Field(0.99, alias="apfl-lr-decay", gt=0, le=1)
+    #: the server mean of the w_i: ``uniform`` (the paper's) or by ``num-examples``
+    apfl_weighting: Weighting = Field("uniform", alias="apfl-weighting")
 
 
 class APFL(PersonalizedStrategy):
@@ -67,7 +94,7 @@ class APFL(PersonalizedStrategy):
     def train_config(self, server_round: int) -> dict:
         settings = super().train_config(server_round)
         # the algorithm's round, from which each client derives the global step of eta_t
-        settings["apfl-round"] = server_round - self.pretrain_rounds
+        settings[ROUND] = server_round - self.pretrain_rounds
         return settings
 
     def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
@@ -170,7 +197,7 @@ class APFLClient(ClientHalf):
             )
         else:
             v, alpha, count = state
-        t0 = (int(config["apfl-round"]) - 1) * tau
+        t0 = (int(config[ROUND]) - 1) * tau
         v = {n: t.clone() for n, t in v.items()}
         alpha, loss, seen = self.local_steps(
             job, v, alpha, lr0=float(config["lr"]), first_step=t0, steps=tau
@@ -262,4 +289,6 @@ def apfl_strategy(cfg: Config, **kwargs) -> APFL:
 
 #: this file's algorithm: APFL sends the whole global copy w; v and alpha (a whole model)
 #: stay on the client
-ALGORITHMS = {"apfl": Algorithm(apfl_strategy, APFLClient(), "none", "full")}
+ALGORITHMS = {
+    "apfl": Algorithm(apfl_strategy, APFLClient(), "none", "full", settings=(APFLSettings,))
+}

@@ -33,14 +33,19 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from flwr.app import Array, ArrayRecord, MessageType, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
+from pydantic import Field
 
-from pflower.config import Config
-from pflower.strategies.ffgg import FFGG, FFGGClient
+from pflower.config import ConfigError, Settings
+from pflower.strategies.ffgg import FFGG, FFGGClient, FFGGSettings
 from pflower.strategies.registry import Algorithm
+
+if TYPE_CHECKING:
+    from pflower.config import Config
 
 # A child of Flower's logger, so the records go wherever Flower's go (console, `flwr log`).
 log = logging.getLogger("flwr.pflower")
@@ -52,6 +57,38 @@ log = logging.getLogger("flwr.pflower")
 #: fraction-train 0.5); at 1.0 single clients' gradients overshoot (64% vs 89% measured,
 #: benchmarks/default_runs.py)
 ASYNC_FFGG_DEFAULTS = {"server_lr": 0.2}
+
+
+class AsyncFFGGSettings(Settings):
+    """Asynchronous FFGG's own keys (FFGG's keys apply too: ``FFGGSettings``)."""
+
+    #: clients computing at any time; 0: round(fraction-train x trainable nodes)
+    async_concurrency: int = Field(0, alias="async-concurrency", ge=0)
+    #: server updates to apply; 0: num-server-rounds x concurrency
+    async_updates: int = Field(0, alias="async-updates", ge=0)
+    #: drop updates computed on a theta more than this many versions old; -1: keep all
+    async_max_staleness: int = Field(-1, alias="async-max-staleness", ge=-1)
+    #: a in the step gamma / (1 + staleness)^a; 0: the paper's constant step
+    async_staleness_power: float = Field(0.0, alias="async-staleness-power", ge=0)
+    #: stop after this many seconds of training; 0: no limit
+    async_time_budget_s: float = Field(0.0, alias="async-time-budget-s", ge=0)
+    #: evaluate every this many updates; 0: evaluate-every x concurrency
+    async_evaluate_every: int = Field(0, alias="async-evaluate-every", ge=0)
+    #: a message unanswered this long frees its slot for another client
+    async_client_timeout_s: float = Field(600.0, alias="async-client-timeout-s", gt=0)
+
+    @classmethod
+    def check(cls, cfg: Config) -> None:
+        if cfg.pretrain_rounds:
+            raise ConfigError(
+                f"key 'pretrain-rounds' = {cfg.pretrain_rounds}: async-ffgg applies single "
+                "client updates as they arrive and has no FedAvg pre-training rounds; set 0"
+            )
+        if cfg.robust_aggregator not in ("auto", "none"):
+            raise ConfigError(
+                f"key 'robust-aggregator' = {cfg.robust_aggregator!r}: async-ffgg applies "
+                "single client updates, there is nothing to combine robustly; set 'none'"
+            )
 
 
 class AsyncFFGG(FFGG):
@@ -274,5 +311,10 @@ def async_ffgg_strategy(cfg: Config, **kwargs) -> AsyncFFGG:
 
 #: this file's algorithm (Alg. 3): FFGG's clients, a server loop applying each gradient
 ALGORITHMS = {
-    "async-ffgg": Algorithm(async_ffgg_strategy, FFGGClient(), defaults=ASYNC_FFGG_DEFAULTS)
+    "async-ffgg": Algorithm(
+        async_ffgg_strategy,
+        FFGGClient(),
+        defaults=ASYNC_FFGG_DEFAULTS,
+        settings=(FFGGSettings, AsyncFFGGSettings),
+    )
 }

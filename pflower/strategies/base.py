@@ -25,6 +25,7 @@ import random
 import time
 from abc import abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import (
@@ -40,7 +41,6 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from pflower import attacks
-from pflower.config import Config
 from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.combine import robust_aggregator, weighted_mean
@@ -64,6 +64,9 @@ from pflower.wire import (
     ClientUpdate,
     layout_problem,
 )
+
+if TYPE_CHECKING:
+    from pflower.config import Config
 
 # A child of Flower's logger, so our records go wherever Flower's go (console, `flwr log`).
 log = logging.getLogger("flwr.pflower")

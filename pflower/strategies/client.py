@@ -8,17 +8,20 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from flwr.app import ArrayRecord
 from torch import nn
 from torch.utils.data import DataLoader
 
-from pflower.config import Config
 from pflower.task import split as splits
 from pflower.task import train as training
 from pflower.task.state import Store, load_matching
 from pflower.wire import ARRAYS, FINAL, NUM_EXAMPLES, PHASE, PRETRAIN
+
+if TYPE_CHECKING:
+    from pflower.config import Config
 
 PERSONAL = "personal"  # store key of the personal parameters
 

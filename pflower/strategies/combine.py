@@ -4,12 +4,15 @@ config's robust rule (``aggregators``)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pflower.config import Config
 from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator
+
+if TYPE_CHECKING:
+    from pflower.config import Config
 
 
 def robust_aggregator(cfg: Config) -> Aggregator | None:

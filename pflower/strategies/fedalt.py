@@ -32,15 +32,43 @@ client before the final evaluation (the fine-tuned ``v_i`` is stored as the clie
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import ArrayRecord
+from pydantic import Field
 
-from pflower.config import Config
+from pflower.config import ConfigError, Settings, Weighting
 from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob, train_metrics
 from pflower.strategies.registry import Algorithm
 from pflower.wire import LR_SCALE, ClientUpdate
+
+if TYPE_CHECKING:
+    from pflower.config import Config
+
+#: ``fedrep`` / ``fedper``: the literature's names for FedAlt / FedSim with the head split
+HEAD_ALIASES = {"fedrep": "fedalt", "fedper": "fedsim"}
+
+
+class FedAltSettings(Settings):
+    """FedAlt / FedSim's own keys (``personal-*``, ``pretrain-*`` and ``finetune-*`` are
+    run-level: other algorithms read them too)."""
+
+    #: server mean: ``num-examples`` (alpha_i ~ N_i, the paper's objective) or ``uniform``
+    #: (every sampled client counts the same)
+    fedalt_weighting: Weighting = Field("num-examples", alias="fedalt-weighting")
+    #: keep v_i between rounds (the paper); false: reset it to the init every round
+    stateful: bool = True
+
+    @classmethod
+    def check(cls, cfg: Config) -> None:
+        if cfg.algorithm in HEAD_ALIASES and (cfg.split != "head" or cfg.split_patterns):
+            raise ConfigError(
+                f"key 'split' = {cfg.split!r}: algorithm {cfg.algorithm!r} is "
+                f"{HEAD_ALIASES[cfg.algorithm]!r} with the head split; use split 'head', or "
+                f"algorithm {HEAD_ALIASES[cfg.algorithm]!r} for other splits"
+            )
 
 
 class FedAlt(PersonalizedStrategy):
@@ -150,8 +178,8 @@ def fedsim_strategy(cfg: Config, **kwargs) -> FedSim:
 #: this file's algorithms; ``fedrep`` / ``fedper`` are the literature's names for FedAlt /
 #: FedSim with the head split (the config enforces it)
 ALGORITHMS = {
-    "fedalt": Algorithm(fedalt_strategy, FedAltClient()),
-    "fedsim": Algorithm(fedsim_strategy, FedSimClient()),
-    "fedrep": Algorithm(fedalt_strategy, FedAltClient()),
-    "fedper": Algorithm(fedsim_strategy, FedSimClient()),
+    "fedalt": Algorithm(fedalt_strategy, FedAltClient(), settings=(FedAltSettings,)),
+    "fedsim": Algorithm(fedsim_strategy, FedSimClient(), settings=(FedAltSettings,)),
+    "fedrep": Algorithm(fedalt_strategy, FedAltClient(), settings=(FedAltSettings,)),
+    "fedper": Algorithm(fedsim_strategy, FedSimClient(), settings=(FedAltSettings,)),
 }

@@ -18,17 +18,20 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import ArrayRecord
 
-from pflower.config import Config
 from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob, train_metrics
 from pflower.strategies.registry import Algorithm
 from pflower.task import train as training
 from pflower.task.split import make_split
 from pflower.wire import ClientUpdate
+
+if TYPE_CHECKING:
+    from pflower.config import Config
 
 
 class FedAvg(PersonalizedStrategy):

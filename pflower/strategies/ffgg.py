@@ -43,18 +43,53 @@ near zero means theta no longer learns: personalize fewer parameters.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord
+from pydantic import Field
 
-from pflower.config import Config
+from pflower.config import ConfigError, Settings, Weighting
 from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob
 from pflower.strategies.registry import Algorithm
 from pflower.task import split as splits
 from pflower.task import train as training
 from pflower.wire import DELTA, GRADIENT, LR_SCALE, NUM_EXAMPLES, ClientUpdate
+
+if TYPE_CHECKING:
+    from pflower.config import Config
+
+
+class FFGGSettings(Settings):
+    """FFGG's own keys (FFGG, Local FFGG, BR-FFGG and asynchronous FFGG): Alg. 2's start
+    and solver, and the server mean's weights."""
+
+    #: where Alg. 2 starts w: ``random`` (seeded per client and round), ``zeros`` (the
+    #: theory's), ``received`` (the server's pre-trained slice or the shared init), ``stored``
+    ffgg_init: Literal["random", "zeros", "received", "stored"] = Field("random", alias="ffgg-init")
+    #: ``sgd``: minibatch steps; ``gd``: full-batch steps; ``cg``: conjugate gradient (both
+    #: ``personal-steps`` iterations)
+    ffgg_solver: Literal["sgd", "gd", "cg"] = Field("sgd", alias="ffgg-solver")
+    #: ``uniform``: the paper's mean over the sampled clients; ``num-examples``: by data size
+    ffgg_weighting: Weighting = Field("uniform", alias="ffgg-weighting")
+
+    @classmethod
+    def check(cls, cfg: Config) -> None:
+        if cfg.ffgg_solver in ("gd", "cg") and cfg.personal_steps == 0:
+            raise ConfigError(
+                f"key 'personal-steps' = 0: ffgg-solver {cfg.ffgg_solver!r} runs "
+                "'personal-steps' full-batch iterations; set it > 0"
+            )
+        if cfg.algorithm == "br-ffgg" and cfg.robust_aggregator == "none":  # not "auto"
+            raise ConfigError(
+                "key 'robust-aggregator' = 'none': br-ffgg steps with a robust aggregate; "
+                "choose one of 'median', 'trimmed-mean', 'krum', 'multi-krum', "
+                "'geometric-median', 'centered-clipping' (with 'robust-bucket-size' = 2 for "
+                "the agnostic robust rules of the paper's Def. 2)"
+            )
+
 
 #: BR-FFGG's values for run-config keys left at ``auto`` (``config.AUTO``): bucketing with
 #: s = 2 and the coordinate median, one of the agnostic robust rules of the paper's Def. 2
@@ -277,7 +312,9 @@ def local_ffgg_strategy(cfg: Config, **kwargs) -> LocalFFGG:
 
 #: this file's algorithms
 ALGORITHMS = {
-    "ffgg": Algorithm(ffgg_strategy, FFGGClient()),
-    "local-ffgg": Algorithm(local_ffgg_strategy, LocalFFGGClient()),
-    "br-ffgg": Algorithm(br_ffgg_strategy, FFGGClient(), defaults=BR_FFGG_DEFAULTS),
+    "ffgg": Algorithm(ffgg_strategy, FFGGClient(), settings=(FFGGSettings,)),
+    "local-ffgg": Algorithm(local_ffgg_strategy, LocalFFGGClient(), settings=(FFGGSettings,)),
+    "br-ffgg": Algorithm(
+        br_ffgg_strategy, FFGGClient(), defaults=BR_FFGG_DEFAULTS, settings=(FFGGSettings,)
+    ),
 }

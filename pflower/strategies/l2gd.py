@@ -25,11 +25,13 @@ its personalized model. (L2GD has no private part: x_m itself is what gets avera
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import ArrayRecord
+from pydantic import Field
 
-from pflower.config import Config
+from pflower.config import ConfigError, Settings
 from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob, train_metrics
 from pflower.strategies.combine import weighted_mean
@@ -39,10 +41,44 @@ from pflower.task import train as training
 from pflower.task.state import load_matching
 from pflower.wire import ClientUpdate
 
+if TYPE_CHECKING:
+    from pflower.config import Config
+
+# --- wire contract: shares every parameter (reply ``arrays``: x_m); config-record keys the
+# server sends with each round's coins; the store key of x_m on the device
+MIX = "l2gd-mix"  # 1 - (1 - beta)^a: how far x_m moves toward x_bar before the local steps
+STEPS = "l2gd-steps"  # k, the local steps of this round
 LOCAL_MODEL = "l2gd-model"  # store key of x_m
 #: L2GD's values for run-config keys left at ``auto`` (``config.AUTO``): 10 local steps
 #: between averaging steps on average, i.e. p = 1/10 (Mishchenko et al. §3.2: p = 1/tau)
 L2GD_DEFAULTS = {"local_steps": 10}
+
+
+class L2GDSettings(Settings):
+    """L2GD's own keys (``lr`` is its alpha, ``local-steps`` sets p = 1/local-steps)."""
+
+    #: lambda, the weight of the distance to the mean
+    l2gd_lambda: float = Field(0.1, alias="l2gd-lambda", ge=0)
+    #: probability of an averaging step; 0: 1/local-steps
+    l2gd_p: float = Field(0.0, alias="l2gd-p", ge=0, lt=1)
+
+    @property
+    def effective_l2gd_p(self) -> float:
+        """L2GD's probability of an averaging step: ``l2gd-p``, or 1/local-steps."""
+        return self.l2gd_p or 1.0 / self.local_steps
+
+    @classmethod
+    def check(cls, cfg: Config) -> None:
+        if cfg.fraction_train != 1:
+            raise ConfigError(
+                f"key 'fraction-train' = {cfg.fraction_train}: l2gd needs 1.0 (every client "
+                "takes every step of L2GD)"
+            )
+        if cfg.l2gd_p == 0 and cfg.local_steps == 1:
+            raise ConfigError(
+                "key 'l2gd-p' = 0 means p = 1/local-steps, and 'local-steps' = 1: set "
+                "'local-steps' >= 2 (0: L2GD's default, 10) or 'l2gd-p' in (0, 1)"
+            )
 
 
 class L2GD(PersonalizedStrategy):
@@ -103,8 +139,8 @@ class L2GD(PersonalizedStrategy):
         settings.update(
             {
                 "lr": alpha / (m * (1 - self.p)),
-                "l2gd-mix": 1.0 - (1.0 - beta) ** a,
-                "l2gd-steps": k,
+                MIX: 1.0 - (1.0 - beta) ** a,
+                STEPS: k,
             }
         )
         return settings
@@ -135,11 +171,11 @@ class L2GDClient(ClientHalf):
         x_bar = splits.get_tensors(job.model, job.split.shared)
         stored = self._local_model(job)
         if stored is not None:  # first visit: x_m = x_bar
-            mix = float(config["l2gd-mix"])
+            mix = float(config[MIX])
             splits.set_tensors(
                 job.model, {n: (1 - mix) * stored[n] + mix * x_bar[n] for n in x_bar}
             )
-        steps = int(config["l2gd-steps"])
+        steps = int(config[STEPS])
         params = job.shared_params()
         result = (
             job.sgd(params, lr=float(config["lr"]), steps=steps)
@@ -165,4 +201,8 @@ def l2gd_strategy(cfg: Config, **kwargs) -> L2GD:
 
 #: this file's algorithm: L2GD averages whole local models, so all of x_m crosses the wire
 #: and all of it is personal
-ALGORITHMS = {"l2gd": Algorithm(l2gd_strategy, L2GDClient(), "none", "full", L2GD_DEFAULTS)}
+ALGORITHMS = {
+    "l2gd": Algorithm(
+        l2gd_strategy, L2GDClient(), "none", "full", L2GD_DEFAULTS, settings=(L2GDSettings,)
+    )
+}

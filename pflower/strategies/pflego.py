@@ -38,14 +38,16 @@ Evaluation: the personalized model is the client's stored head on the current bo
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord
+from pydantic import Field
 from torch import nn
 from torch.nn import functional as F
 
-from pflower.config import Config
+from pflower.config import Settings
 from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob
 from pflower.strategies.combine import weighted_mean
@@ -53,11 +55,36 @@ from pflower.strategies.registry import Algorithm
 from pflower.task import train as training
 from pflower.wire import GRADIENT, NUM_EXAMPLES, ClientUpdate
 
-ALPHA_MODES = ("global", "sampled")
+if TYPE_CHECKING:
+    from pflower.config import Config
+
+# --- wire contract: the reply is ``gradient`` (g_i, the theta-gradient of the client's
+# loss); the server's config record carries the personal heads' step size rho * I / r
+# (``HEAD_LR``) and, with eq. (5)'s head alpha, the training examples of all clients
+HEAD_LR = "pflego-head-lr"
+TOTAL_EXAMPLES = "pflego-total-examples"
+
+AlphaMode = Literal["global", "sampled"]
+ALPHA_MODES = get_args(AlphaMode)
+
 #: PFLEGO's values for run-config keys left at ``auto`` (``config.AUTO``): the paper's tau
 #: = 50 head-and-body steps per round and Adam's rho = 0.003 (benchmarks/README.md; with
 #: the generic server lr 1.0 Adam diverges, with tau = 1 the head never fits)
-PFLEGO_DEFAULTS = {"local_steps": 50, "server_lr": 0.003}
+PFLEGO_DEFAULTS = {"local_steps": 50, "server_lr": 0.003, "server_optimizer": "adam"}
+
+
+class PFLEGOSettings(Settings):
+    """PFLEGO's own keys (``local-steps`` is its tau, ``server-lr`` its rho)."""
+
+    #: theta's step weights: ``global`` (alpha_i = N_i / N over all clients, eq. 5) or
+    #: ``sampled`` (over the round's clients)
+    pflego_alpha: AlphaMode = Field("global", alias="pflego-alpha")
+    #: scale each head's step by its alpha_i too (eq. 5 read literally)
+    pflego_head_alpha: bool = Field(False, alias="pflego-head-alpha")
+    #: the head over the client's own K_i classes (absent classes get no probability)
+    pflego_local_labels: bool = Field(False, alias="pflego-local-labels")
+
+
 ABSENT_LOGIT = -1e4  # exp underflows to exactly 0 (float32 and float64)
 
 
@@ -131,9 +158,9 @@ class PFLEGO(PersonalizedStrategy):
         settings = super().train_config(server_round)
         # rho (I / r) of the head step (3): the server lr and the planned sample size
         r = max(1, round(self.fraction_train * self.num_nodes))
-        settings["pflego-head-lr"] = self.server_optimizer.lr * self.num_nodes / r
+        settings[HEAD_LR] = self.server_optimizer.lr * self.num_nodes / r
         if self.num_train_total:
-            settings["pflego-total-examples"] = self.num_train_total
+            settings[TOTAL_EXAMPLES] = self.num_train_total
         return settings
 
     @property
@@ -213,9 +240,9 @@ class PFLEGOClient(ClientHalf):
             job.model, [*shared, head.weight, head.bias], job.train_loader, job.device
         )
         g_theta, (g_w, g_b) = grads[: len(shared)], grads[len(shared) :]
-        rate = float(config["pflego-head-lr"])
+        rate = float(config[HEAD_LR])
         if job.cfg.pflego_head_alpha:
-            rate *= job.num_train / float(config.get("pflego-total-examples", job.num_train))
+            rate *= job.num_train / float(config.get(TOTAL_EXAMPLES, job.num_train))
         with torch.no_grad():  # (3), after the gradient was taken
             head.weight -= rate * g_w
             head.bias -= rate * g_b
@@ -246,4 +273,8 @@ def pflego_strategy(cfg: Config, **kwargs) -> PFLEGO:
 
 
 #: this file's algorithm
-ALGORITHMS = {"pflego": Algorithm(pflego_strategy, PFLEGOClient(), defaults=PFLEGO_DEFAULTS)}
+ALGORITHMS = {
+    "pflego": Algorithm(
+        pflego_strategy, PFLEGOClient(), defaults=PFLEGO_DEFAULTS, settings=(PFLEGOSettings,)
+    )
+}

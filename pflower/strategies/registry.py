@@ -1,5 +1,5 @@
 """What an algorithm registers: how the app builds its strategy and client half, which
-parameters cross the wire, and its defaults. Each algorithm's file declares its own
+parameters cross the wire, its settings and its defaults. Each algorithm's file declares its own
 ``ALGORITHMS`` entries; ``pflower.strategies`` collects them."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pflower.config import Settings
 from pflower.strategies.client import ClientHalf
 
 
@@ -21,6 +22,7 @@ class Algorithm:
     (local training). ``personal_split``: the split whose personal part the personalized
     model adapts (differs from the wire split for FedAvg + fine-tuning). ``defaults``: the
     values this algorithm uses for run-config keys left at ``auto`` (``config.AUTO``).
+    ``settings``: its own keys (``config.Settings`` subclasses), composed into ``Config``.
     """
 
     strategy: Callable[..., Any]
@@ -28,3 +30,4 @@ class Algorithm:
     wire_split: str = "config"
     personal_split: str = "config"
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    settings: tuple[type[Settings], ...] = ()

@@ -25,12 +25,14 @@ the paper. ``K`` is ``local-steps`` (or ``local-epochs`` passes); a full-batch l
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
+from pydantic import Field
 
-from pflower.config import Config
+from pflower.config import Settings
 from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientJob, train_metrics
 from pflower.strategies.combine import weighted_mean
@@ -39,6 +41,20 @@ from pflower.strategies.registry import Algorithm
 from pflower.task import train as training
 from pflower.task.state import load_matching
 from pflower.wire import DELTA, ClientUpdate
+
+if TYPE_CHECKING:
+    from pflower.config import Config
+
+
+class ScaffoldSettings(Settings):
+    """Scaffold's own key."""
+
+    #: the control variate update: ``local-steps`` (option II, from the local steps) or
+    #: ``full-gradient`` (option I, a full local gradient at the received x)
+    scaffold_control: Literal["local-steps", "full-gradient"] = Field(
+        "local-steps", alias="scaffold-control"
+    )
+
 
 CONTROL = "control"  # server -> client: c
 CONTROL_DELTA = "control-delta"  # client -> server: c_i^+ - c_i
@@ -120,4 +136,8 @@ def scaffold_strategy(cfg: Config, **kwargs) -> Scaffold:
 
 
 #: this file's algorithm: non-personalized, every parameter crosses the wire
-ALGORITHMS = {"scaffold": Algorithm(scaffold_strategy, ScaffoldClient(), "none", "none")}
+ALGORITHMS = {
+    "scaffold": Algorithm(
+        scaffold_strategy, ScaffoldClient(), "none", "none", settings=(ScaffoldSettings,)
+    )
+}

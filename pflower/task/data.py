@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import datasets
 import numpy as np
@@ -39,8 +40,10 @@ from flwr_datasets.partitioner import (
 )
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
-from pflower.config import Config
 from pflower.task import linear
+
+if TYPE_CHECKING:
+    from pflower.config import Config
 
 #: Column names tried, in order, when ``feature-column`` is empty.
 FEATURE_COLUMNS = ("image", "img", "pixels", "x", "features")
