@@ -98,7 +98,7 @@ TABLES = {
 def one(job) -> dict:
     table, setting, method, seed, rounds = job
     quiet_worker()
-    from pflower.local_grid import run_local
+    from pflower.experiments.local_grid import run_local
 
     spec = TABLES[table]
     cfg = {

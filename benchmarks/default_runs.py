@@ -21,7 +21,7 @@ import tomllib
 from pathlib import Path
 
 from pflower.config import ALGORITHMS
-from pflower.local_grid import run_local
+from pflower.experiments.local_grid import run_local
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the one key each of these needs besides the default run's (refused at start otherwise)

@@ -358,7 +358,7 @@ PLANTS = [
     ),
     Plant(
         "alie: mu + z sigma",
-        "pflower/attacks.py",
+        "pflower/experiments/attacks.py",
         [("return honest.mean(dim=0) - z * std", "return honest.mean(dim=0) + z * std")],
         [T + "test_attacks.py"],
     ),
@@ -375,7 +375,7 @@ PLANTS = [
     ),
     Plant(
         "ipm: +epsilon mu",
-        "pflower/attacks.py",
+        "pflower/experiments/attacks.py",
         [("return -epsilon * honest.mean(dim=0)", "return epsilon * honest.mean(dim=0)")],
         [T + "test_attacks.py"],
     ),

@@ -81,7 +81,7 @@ def config(method: str, rule: str) -> dict:
 def one(job) -> dict:
     method, rule, attack, fraction, seed, rounds = job
     quiet_worker()
-    from pflower.local_grid import run_local
+    from pflower.experiments.local_grid import run_local
 
     f = round(fraction * CLIENTS)
     node_configs = {i: ATTACKS[attack] for i in range(f)} if attack != "none" else {}

@@ -4,14 +4,14 @@ Node config (set per SuperNode; the simulation engine sets the first two itself)
 ``partition-id`` and ``num-partitions`` choose this client's data; ``state-dir`` (optional)
 keeps personal state in a directory on the device instead of ``context.state``;
 ``byzantine`` (optional, for robustness experiments) makes the node attack
-(``pflower/attacks.py``); ``delay-s`` (optional, for straggler experiments) makes it wait that
-many seconds before each training reply (``straggler_delay``).
+(``pflower/experiments/attacks.py``); ``delay-s`` (optional, for straggler experiments)
+makes it wait that many seconds before each training reply
+(``pflower/experiments/stragglers.py``).
 """
 
 from __future__ import annotations
 
 import functools
-import random
 import threading
 import time
 from collections.abc import Mapping
@@ -20,21 +20,19 @@ import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from pflower import attacks
 from pflower.config import Config
+from pflower.context_store import open_store
+from pflower.experiments import attacks
+from pflower.experiments.stragglers import straggler_delay
 from pflower.strategies import build_run_model, get_algorithm, wire_split
 from pflower.strategies.client import ClientJob
-from pflower.task.data import batched, dataset_info, load_client_data
+from pflower.task.data import load_client_data
 from pflower.task.split import Split, get_tensors
-from pflower.task.state import open_store
-from pflower.task.train import is_classifier, resolve_device
+from pflower.task.train import resolve_device
 from pflower.wire import (
     ARRAYS,
     CONFIG,
     METRICS,
-    PERSONAL_INIT,
-    PHASE,
-    PRETRAIN,
     QUERY,
     SERVER_ROUND,
 )
@@ -89,22 +87,6 @@ def make_job(cfg: Config, context: Context, server_round: int) -> ClientJob:
     )
 
 
-def straggler_delay(cfg: Config, node_config: Mapping) -> float:
-    """Seconds this node waits before each training reply, a compute-time model for comparing
-    synchronous and asynchronous servers on wall clock: node config ``delay-s`` if set, else
-    ``straggler-delay-s``, times ``straggler-factor`` for the ``straggler-fraction`` of the
-    partitions drawn by ``seed``. 0 (no wait) unless configured; in a real deployment the
-    device's own speed is the model."""
-    if "delay-s" in node_config:
-        return float(node_config["delay-s"])
-    if not cfg.straggler_delay_s:
-        return 0.0
-    n = int(node_config["num-partitions"])
-    slow = random.Random(cfg.seed).sample(range(n), round(cfg.straggler_fraction * n))
-    factor = cfg.straggler_factor if int(node_config["partition-id"]) in slow else 1.0
-    return cfg.straggler_delay_s * factor
-
-
 def build_client_app(overrides: Mapping | None = None) -> ClientApp:
     """A ClientApp; ``overrides`` are run-config keys applied over ``context.run_config``
     (``flwr.simulation.run_simulation`` passes no run config, so tests and benchmarks do)."""
@@ -114,41 +96,20 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
         cfg = parse_config(frozenset({**context.run_config, **(overrides or {})}.items()))
         config = dict(msg.content[CONFIG])
         job = make_job(cfg, context, int(config.get(SERVER_ROUND, 0)))
-        if PERSONAL_INIT in msg.content:
-            job.set_personal_init(msg.content[PERSONAL_INIT])
-        job.set_shared(msg.content[ARRAYS])
-        job.received = {
-            k: r for k, r in msg.content.array_records.items() if k not in (ARRAYS, PERSONAL_INIT)
-        }
+        job.receive(msg.content.array_records)
         return cfg, job, config
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         cfg, job, config = setup(msg, context)
         half = get_algorithm(cfg.algorithm).client
-        attack = attacks.attack_of(context.node_config)  # "none" unless a Byzantine node
-        # ALIE / IPM: an honest reply, tagged for the server's attack simulation (refused
-        # before any training when the run does not simulate the omniscient adversary)
-        tag = attacks.omniscient_tag(attack, context.node_config, cfg.attack_simulation)
-        if attack == "label-flip" and is_classifier(job.model):
-            flipped = attacks.flip_labels(job.train_loader.dataset, dataset_info(cfg).num_classes)
-            job.train_loader = batched(flipped, cfg.batch_size, True, job.train_loader.generator)
-        if config.get(PHASE) == PRETRAIN:
-            record, metrics = half.pretrain(job, config)
-            records, key = {ARRAYS: record}, ARRAYS
-        else:
-            record, metrics = half.train(job, config)
-            key = half.reply_key
-            records = record if isinstance(record, dict) else {key: record}
-        if attack in attacks.UPDATE_ATTACKS:
-            records[key] = attacks.corrupt(
-                records[key],
-                msg.content[ARRAYS],
-                key == ARRAYS,
-                attack,
-                context.node_config,
-                seed=job.partition_id * 7919 + int(config.get(SERVER_ROUND, 0)),
-            )
+        # robustness experiments: a Byzantine node (node config ``byzantine``) attacks
+        tag = attacks.before_training(job, context.node_config, cfg)
+        records, key, metrics = half.reply(job, config)
+        seed = job.partition_id * 7919 + int(config.get(SERVER_ROUND, 0))
+        records = attacks.after_training(
+            records, key, msg.content[ARRAYS], context.node_config, seed
+        )
         delay = straggler_delay(cfg, context.node_config)
         if delay:
             time.sleep(delay)

@@ -204,7 +204,7 @@ class RunSettings(Settings):
     straggler_fraction: float = Field(0.0, alias="straggler-fraction", ge=0, le=1)
     straggler_factor: float = Field(10.0, alias="straggler-factor", ge=1)
     #: robustness experiments only: the server simulates the omniscient ALIE / IPM adversary
-    #: for nodes whose node config says byzantine = 'alie' / 'ipm' (pflower/attacks.py)
+    #: for nodes whose node config says byzantine = 'alie' / 'ipm' (pflower/experiments/attacks.py)
     attack_simulation: bool = Field(False, alias="attack-simulation")
 
     # --- run -------------------------------------------------------------------------------

@@ -38,10 +38,11 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pflower.config import Config
+from pflower.context_store import ContextStore
 from pflower.strategies import get_algorithm
 from pflower.strategies.client import ClientJob
 from pflower.task import split as splits
-from pflower.task.state import ContextStore, DirectoryStore
+from pflower.task.state import DirectoryStore
 from pflower.wire import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, PERSONAL_INIT, PHASE, PRETRAIN
 
 #: algorithms whose client half replies with weights under ``arrays`` (what NumPyClient.fit
@@ -122,6 +123,8 @@ class PersonalizedNumPyClient(NumPyClient):
         return self.split.shared
 
     def _job(self, parameters: list[np.ndarray], config: Mapping) -> ClientJob:
+        """The message as pflower's ClientApp sees it (``ClientJob.receive``): the arrays
+        under their names, the server's ``personal-init`` if it sent one."""
         names = self._exchanged(config)
         if len(parameters) != len(names):
             raise ValueError(
@@ -140,27 +143,25 @@ class PersonalizedNumPyClient(NumPyClient):
             device=self.device,
             init_personal={k: v.clone() for k, v in self.init_personal.items()},
         )
+        records = {
+            ARRAYS: ArrayRecord({k: Array(np.asarray(p)) for k, p in zip(names, parameters)})
+        }
         if self.personal_init is not None:
-            job.set_personal_init(self.personal_init)
-        job.set_shared(ArrayRecord({k: Array(np.asarray(p)) for k, p in zip(names, parameters)}))
+            records[PERSONAL_INIT] = self.personal_init
+        job.receive(records)
         return job
 
     def fit(self, parameters, config):
         config = dict(config)
-        job = self._job(parameters, config)
-        if config.get(PHASE) == PRETRAIN:  # FedAvg on the whole model
-            record, metrics = self.half.pretrain(job, config)
-        else:
-            record, metrics = self.half.train(job, config)
-        if isinstance(record, dict):
-            raise ValueError(f"{self.cfg.algorithm}: replies with several records")
-        arrays = [record[k].numpy() for k in self._exchanged(config)]
+        records, key, metrics = self.half.reply(self._job(parameters, config), config)
+        if key != ARRAYS or len(records) != 1:
+            raise ValueError(f"{self.cfg.algorithm}: replies with {sorted(records)}, not arrays")
+        arrays = [records[ARRAYS][k].numpy() for k in self._exchanged(config)]
         return arrays, int(metrics[NUM_EXAMPLES]), dict(metrics)
 
     def evaluate(self, parameters, config):
         config = dict(config)
-        job = self._job(parameters, config)
-        metrics = self.half.evaluate(job, dict(config))
+        metrics = self.half.evaluate(self._job(parameters, config), config)
         return float(metrics["personal-loss"]), int(metrics[NUM_EXAMPLES]), dict(metrics)
 
 

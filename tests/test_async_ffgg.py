@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
-from pflower.client_app import build_client_app, straggler_delay
+from pflower.client_app import build_client_app
 from pflower.config import Config, ConfigError
-from pflower.local_grid import LocalGrid, run_local
+from pflower.experiments.local_grid import LocalGrid, run_local
+from pflower.experiments.stragglers import straggler_delay
 from pflower.server_app import server_evaluation
 from pflower.strategies import build_run_model, make_strategy, wire_split
 from pflower.strategies.async_ffgg import AsyncFFGG

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
-from pflower import attacks
 from pflower.config import Config, ConfigError
-from pflower.local_grid import run_local
+from pflower.experiments import attacks
+from pflower.experiments.local_grid import run_local
 
 
 def _record(value):

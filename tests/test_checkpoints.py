@@ -7,7 +7,7 @@ import csv
 import pytest
 import torch
 
-from pflower.local_grid import run_local
+from pflower.experiments.local_grid import run_local
 from pflower.predict import main as predict_main
 from pflower.predict import personal_model
 from pflower.task.data import load_client_data

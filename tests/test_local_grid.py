@@ -5,7 +5,7 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from pflower.local_grid import LocalGrid
+from pflower.experiments.local_grid import LocalGrid
 
 
 def counting_app() -> ClientApp:

@@ -7,7 +7,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from pflower.config import Config
-from pflower.local_grid import run_local
+from pflower.experiments.local_grid import run_local
 from pflower.numpy_client import SUPPORTED, PersonalizedNumPyClient, numpy_client_app
 from pflower.strategies import build_run_model, wire_split
 from pflower.task.data import load_client_data

@@ -12,7 +12,7 @@ from torch.nn import functional as F
 
 from pflower.client_app import build_client_app, load_client_data
 from pflower.config import Config
-from pflower.local_grid import LocalGrid
+from pflower.experiments.local_grid import LocalGrid
 from pflower.strategies import PFLEGOClient, build_run_model, make_strategy, wire_split
 from pflower.strategies.pflego import head_gradient, head_module
 from pflower.task.split import get_tensors, make_split

@@ -8,7 +8,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
-from pflower.local_grid import LocalGrid
+from pflower.experiments.local_grid import LocalGrid
 from pflower.strategies.aggregators import Mean, make_aggregator
 from pflower.strategies.robust_fedavg import RobustFedAvg
 

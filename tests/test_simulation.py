@@ -150,7 +150,7 @@ def test_a_run_is_reproducible_from_its_seed(tmp_path):
 def test_local_grid_run_equals_the_simulation_engine_run(tmp_path):
     """The benchmarks' in-process LocalGrid changes the transport only: the same config gives
     the same trajectory as Flower's simulation engine (sampling, seeds, client state)."""
-    from pflower.local_grid import run_local
+    from pflower.experiments.local_grid import run_local
 
     overrides = {
         "algorithm": "scaffold",

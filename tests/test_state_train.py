@@ -8,9 +8,10 @@ import torch
 from flwr.app import RecordDict
 from torch.utils.data import DataLoader, TensorDataset
 
+from pflower.context_store import ContextStore, open_store
 from pflower.task.models import build_model
 from pflower.task.split import make_split, parameters
-from pflower.task.state import ContextStore, DirectoryStore, load_matching, open_store
+from pflower.task.state import DirectoryStore, load_matching
 from pflower.task.train import evaluate, sgd
 
 

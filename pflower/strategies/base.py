@@ -40,7 +40,7 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from pflower import attacks
+from pflower.experiments import attacks
 from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.combine import robust_aggregator, weighted_mean
@@ -129,7 +129,7 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         against the rule's breakdown point at the first round.
     attack_simulation : bool (default: False)
         **Attack simulation, for robustness experiments only**: replies tagged by ALIE / IPM
-        nodes (``pflower.attacks``) are replaced by the omniscient adversary's vector,
+        nodes (``pflower.experiments.attacks``) are replaced by the omniscient adversary's vector,
         computed from the round's honest replies. Off: tagged replies are dropped.
     min_available_nodes : int (default: 1)
         Wait until this many nodes are connected before sampling.
@@ -465,46 +465,16 @@ class PersonalizedStrategy(NodeSampling, Strategy):
     def simulate_omniscient(
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> list[ClientUpdate]:
-        """Attack simulation (``attack_simulation``): replace the replies that ALIE / IPM nodes
-        tagged by the omniscient adversary's vector over this round's untagged replies. The
-        attack acts in update space (``current - w`` for strategies that return weights)."""
-        tagged = [u for u in updates if attacks.OMNISCIENT_KEY in u.metrics]
-        if not tagged:
-            return updates
-        if not self.attack_simulation:  # a tag the server was not told to honour
-            for u in tagged:
-                self._drop(
-                    server_round, u.node_id, "omniscient-attack tag without attack-simulation"
-                )
-            return [u for u in updates if attacks.OMNISCIENT_KEY not in u.metrics]
-        honest = [u for u in updates if attacks.OMNISCIENT_KEY not in u.metrics]
-        if not honest:
-            log.warning("round %d: attack simulation has no honest reply to attack", server_round)
-            return honest
-        weights = self.pretraining(server_round) or self.reply_key == ARRAYS
-        rows = [
-            {k: current[k] - u.tensors[k] for k in current} if weights else u.tensors
-            for u in honest
-        ]
-        X, layout = aggregators.stack(rows)
-        out = []
-        for u in updates:
-            metrics = dict(u.metrics)
-            code = metrics.pop(attacks.OMNISCIENT_KEY, None)
-            z, eps = metrics.pop("byzantine-z", 0.0), metrics.pop("byzantine-epsilon", 0.1)
-            if code is None:
-                out.append(u)
-                continue
-            if code == attacks.OMNISCIENT["alie"]:
-                vector = attacks.alie(X, len(updates), len(tagged), z)
-            else:
-                vector = attacks.ipm(X, eps)
-            bad = aggregators.unstack(vector, layout)
-            if weights:
-                bad = {k: (current[k] - bad[k]).astype(current[k].dtype) for k in bad}
-            out.append(ClientUpdate(u.node_id, bad, metrics, u.extra))
-        log.info("round %d: attack simulation replaced %d replies", server_round, len(tagged))
-        return out
+        """Robustness experiments only: ALIE / IPM replies replaced by the omniscient
+        adversary's vector (``pflower.experiments.attacks.simulate_omniscient``)."""
+        return attacks.simulate_omniscient(
+            server_round,
+            current,
+            updates,
+            enabled=self.attack_simulation,
+            weights=self.pretraining(server_round) or self.reply_key == ARRAYS,
+            drop=self._drop,
+        )
 
     def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
         """The round's training metrics: the replies' metrics weighted by num-examples."""

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from pflower.task import split as splits
 from pflower.task import train as training
 from pflower.task.state import Store, load_matching
-from pflower.wire import ARRAYS, FINAL, NUM_EXAMPLES, PHASE, PRETRAIN
+from pflower.wire import ARRAYS, FINAL, NUM_EXAMPLES, PERSONAL_INIT, PHASE, PRETRAIN
 
 if TYPE_CHECKING:
     from pflower.config import Config
@@ -57,6 +57,16 @@ class ClientJob:
 
     def set_shared(self, arrays: ArrayRecord) -> None:
         splits.set_tensors(self.model, arrays.to_torch_state_dict())
+
+    def receive(self, records: Mapping[str, ArrayRecord]) -> None:
+        """Take a message's ArrayRecords: the server's ``personal-init`` (if any), the shared
+        parameters (``arrays``; the whole model in pre-training) and the algorithm's own
+        records (``received``, e.g. Scaffold's ``control``). The one entry for the ClientApp
+        and the NumPyClient adapter alike."""
+        if PERSONAL_INIT in records:
+            self.set_personal_init(records[PERSONAL_INIT])
+        self.set_shared(records[ARRAYS])
+        self.received = {k: r for k, r in records.items() if k not in (ARRAYS, PERSONAL_INIT)}
 
     def set_personal_init(self, record: ArrayRecord) -> None:
         """Use the server's ``personal-init`` record as this client's personal init."""
@@ -154,6 +164,19 @@ class ClientHalf:
     has_global = True
     #: Whether the personalized model differs from the global one (not for plain FedAvg).
     personalizes = True
+
+    def reply(
+        self, job: ClientJob, config: Mapping
+    ) -> tuple[dict[str, ArrayRecord], str, dict[str, float]]:
+        """A training message's answer, by phase: FedAvg pre-training (``pretrain``: the
+        whole model under ``arrays``) or this algorithm's ``train``. Returns the reply's
+        records, the key of its update record and the metrics."""
+        if config.get(PHASE) == PRETRAIN:
+            record, metrics = self.pretrain(job, config)
+            return {ARRAYS: record}, ARRAYS, metrics
+        record, metrics = self.train(job, config)
+        records = record if isinstance(record, dict) else {self.reply_key: record}
+        return records, self.reply_key, metrics
 
     @abstractmethod
     def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:

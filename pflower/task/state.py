@@ -3,14 +3,12 @@
 A store maps a key (e.g. ``"personal"``) to a dict of named tensors: personal parameters
 and per-client algorithm state (scalars as 0-d tensors). Two backends:
 
-- ``ContextStore``: Flower's ``context.state`` (a ``RecordDict``), the default. It lives as
-  long as the node process, across the rounds of one run, in simulation and deployment.
-- ``DirectoryStore``: one ``<key>.pt`` file per key in a directory on the device (node
-  config ``state-dir``). Every save is atomic (temporary file + ``os.replace``), so a crash
-  never leaves a half-written file; a file that cannot be read is reported and treated as
-  missing, so the client re-initialises instead of crashing.
-
-This module is the one place in ``task/`` that touches a Flower type (``context.state``).
+- ``DirectoryStore`` (here): one ``<key>.pt`` file per key in a directory on the device
+  (node config ``state-dir``). Every save is atomic (temporary file + ``os.replace``), so a
+  crash never leaves a half-written file; a file that cannot be read is reported and treated
+  as missing, so the client re-initialises instead of crashing.
+- ``ContextStore`` (``pflower/context_store.py``, next to the ClientApp: it is Flower's):
+  Flower's ``context.state``, the default.
 """
 
 from __future__ import annotations
@@ -24,13 +22,12 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from flwr.app import ArrayRecord, RecordDict
 
 log = logging.getLogger("flwr.pflower")
 _KEY = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
-def _check_key(key: str) -> str:
+def check_key(key: str) -> str:
     if not _KEY.match(key):
         raise ValueError(f"store key {key!r} must match {_KEY.pattern}")
     return key
@@ -42,23 +39,6 @@ class Store(Protocol):
     def save(self, key: str, tensors: Mapping[str, torch.Tensor]) -> None: ...
 
 
-class ContextStore:
-    """Personal state in Flower's ``context.state`` under ``pflower.<key>``."""
-
-    def __init__(self, state: RecordDict) -> None:
-        self.state = state
-
-    def load(self, key: str) -> dict[str, torch.Tensor] | None:
-        record = self.state.get(f"pflower.{_check_key(key)}")
-        if record is None:
-            return None
-        return dict(record.to_torch_state_dict())
-
-    def save(self, key: str, tensors: Mapping[str, torch.Tensor]) -> None:
-        state_dict = {n: t.detach().cpu() for n, t in tensors.items()}
-        self.state[f"pflower.{_check_key(key)}"] = ArrayRecord(state_dict)
-
-
 class DirectoryStore:
     """Personal state as ``<directory>/<key>.pt`` files, written atomically."""
 
@@ -67,7 +47,7 @@ class DirectoryStore:
         self.directory.mkdir(parents=True, exist_ok=True)
 
     def path(self, key: str) -> Path:
-        return self.directory / f"{_check_key(key)}.pt"
+        return self.directory / f"{check_key(key)}.pt"
 
     def load(self, key: str) -> dict[str, torch.Tensor] | None:
         path = self.path(key)
@@ -96,14 +76,6 @@ class DirectoryStore:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-
-
-def open_store(state: RecordDict, node_config: Mapping[str, object]) -> Store:
-    """The node's store: a ``DirectoryStore`` if node config sets ``state-dir``, else context."""
-    state_dir = node_config.get("state-dir")
-    if state_dir:
-        return DirectoryStore(str(state_dir))
-    return ContextStore(state)
 
 
 def load_matching(

@@ -32,13 +32,24 @@ silently behaved honestly would make a robustness table lie. Off by default: a n
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from statistics import NormalDist
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
 from torch.utils.data import TensorDataset
+
+from pflower.strategies import aggregators
+from pflower.wire import ARRAYS, ClientUpdate
+
+if TYPE_CHECKING:
+    from pflower.config import Config
+    from pflower.strategies.client import ClientJob
+
+log = logging.getLogger("flwr.pflower")
 
 ATTACKS = (
     "none",
@@ -140,3 +151,85 @@ def flip_labels(dataset: TensorDataset, num_classes: int) -> TensorDataset:
     """The same examples with labels ``C - 1 - y``."""
     x, y = dataset.tensors
     return TensorDataset(x, (num_classes - 1 - y.long()).to(y.dtype))
+
+
+# --- the client side: what the ClientApp of a Byzantine node does ----------------------------
+def before_training(job: ClientJob, node_config: Mapping, cfg: Config) -> dict:
+    """Prepare this node's attack on ``job``: ``label-flip`` swaps its training labels; ALIE /
+    IPM nodes get the tag to add to their (honest) reply's metrics. Nothing for honest nodes."""
+    from pflower.task.data import batched, dataset_info
+    from pflower.task.train import is_classifier
+
+    attack = attack_of(node_config)  # "none" unless a Byzantine node
+    # refused before any training when the run does not simulate the omniscient adversary
+    tag = omniscient_tag(attack, node_config, cfg.attack_simulation)
+    if attack == "label-flip" and is_classifier(job.model):
+        flipped = flip_labels(job.train_loader.dataset, dataset_info(cfg).num_classes)
+        job.train_loader = batched(flipped, cfg.batch_size, True, job.train_loader.generator)
+    return tag
+
+
+def after_training(
+    records: dict[str, ArrayRecord],
+    key: str,
+    received: ArrayRecord,
+    node_config: Mapping,
+    seed: int,
+) -> dict[str, ArrayRecord]:
+    """The reply's records after this node's update attack (unchanged for other nodes)."""
+    attack = attack_of(node_config)
+    if attack in UPDATE_ATTACKS:
+        records = {
+            **records,
+            key: corrupt(records[key], received, key == ARRAYS, attack, node_config, seed),
+        }
+    return records
+
+
+# --- the server side: the omniscient adversary, simulated ---------------------------------------
+def simulate_omniscient(
+    server_round: int,
+    current: dict[str, np.ndarray],
+    updates: list[ClientUpdate],
+    *,
+    enabled: bool,
+    weights: bool,
+    drop: Callable[[int, int, str], None],
+) -> list[ClientUpdate]:
+    """Replace the replies that ALIE / IPM nodes tagged by the omniscient adversary's vector
+    over this round's untagged replies (``enabled``: the run's ``attack-simulation``; a tag
+    the server was not told to honour is dropped through ``drop``). The attack acts in update
+    space: ``current - w`` when the replies are weights (``weights``)."""
+    tagged = [u for u in updates if OMNISCIENT_KEY in u.metrics]
+    if not tagged:
+        return updates
+    honest = [u for u in updates if OMNISCIENT_KEY not in u.metrics]
+    if not enabled:
+        for u in tagged:
+            drop(server_round, u.node_id, "omniscient-attack tag without attack-simulation")
+        return honest
+    if not honest:
+        log.warning("round %d: attack simulation has no honest reply to attack", server_round)
+        return honest
+    rows = [
+        {k: current[k] - u.tensors[k] for k in current} if weights else u.tensors for u in honest
+    ]
+    X, layout = aggregators.stack(rows)
+    out = []
+    for u in updates:
+        metrics = dict(u.metrics)
+        code = metrics.pop(OMNISCIENT_KEY, None)
+        z, eps = metrics.pop("byzantine-z", 0.0), metrics.pop("byzantine-epsilon", 0.1)
+        if code is None:
+            out.append(u)
+            continue
+        if code == OMNISCIENT["alie"]:
+            vector = alie(X, len(updates), len(tagged), z)
+        else:
+            vector = ipm(X, eps)
+        bad = aggregators.unstack(vector, layout)
+        if weights:
+            bad = {k: (current[k] - bad[k]).astype(current[k].dtype) for k in bad}
+        out.append(ClientUpdate(u.node_id, bad, metrics, u.extra))
+    log.info("round %d: attack simulation replaced %d replies", server_round, len(tagged))
+    return out
