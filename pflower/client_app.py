@@ -96,7 +96,7 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
         cfg = parse_config(frozenset({**context.run_config, **(overrides or {})}.items()))
         config = dict(msg.content[CONFIG])
         job = make_job(cfg, context, int(config.get(SERVER_ROUND, 0)))
-        job.receive(msg.content.array_records)
+        job.receive(msg.content.array_records, config)
         return cfg, job, config
 
     @app.train()

@@ -39,15 +39,16 @@ from torch.utils.data import DataLoader
 
 from pflower.config import Config
 from pflower.context_store import ContextStore
-from pflower.strategies import get_algorithm
+from pflower.strategies import ALGORITHMS, get_algorithm
 from pflower.strategies.client import ClientJob
 from pflower.task import split as splits
 from pflower.task.state import DirectoryStore
 from pflower.wire import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, PERSONAL_INIT, PHASE, PRETRAIN
 
 #: algorithms whose client half replies with weights under ``arrays`` (what NumPyClient.fit
-#: returns); gradient-replying ones (FFGG, PFLEGO) need their own reply key
-SUPPORTED = ("fedavg", "fedavg-ft", "fedalt", "fedsim", "fedrep", "fedper", "apfl", "local-gd")
+#: returns), as each declares (``numpy_client``); gradient-replying ones (FFGG, PFLEGO) need
+#: their own reply key
+SUPPORTED = tuple(name for name, entry in ALGORITHMS.items() if entry.numpy_client)
 
 
 class PersonalizedNumPyClient(NumPyClient):
@@ -148,7 +149,7 @@ class PersonalizedNumPyClient(NumPyClient):
         }
         if self.personal_init is not None:
             records[PERSONAL_INIT] = self.personal_init
-        job.receive(records)
+        job.receive(records, config)
         return job
 
     def fit(self, parameters, config):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -215,3 +216,39 @@ def test_held_out_clients_never_train_but_are_evaluated():
         assert sorted(strategy.partition_of[n] for n in trained) == list(range(6))
     assert len(strategy.sample(grid, 1.0, everyone=True)) == 8
     assert len(strategy.sample(grid, 1.0)) == 8  # evaluation samples every client
+
+
+@pytest.mark.parametrize(
+    "algorithm", ["fedalt", "fedsim", "local-ffgg", "ffgg", "fedavg", "pflego", "apfl"]
+)
+def test_clients_step_at_the_messages_learning_rates(algorithm):
+    """One road for step sizes: the server's schedule in the message (``lr``, ``lr-scale``),
+    not the client's copy of the run config. With both 0 nothing the client trains moves
+    (the run config's lr is 0.05): the reply and the personal part stay at what was sent."""
+    from helpers import job_for
+
+    from pflower.strategies import get_algorithm
+    from pflower.wire import DELTA, GRADIENT
+
+    overrides = {"algorithm": algorithm, "lr": 0.05, "personal-lr": 0.05, "local-steps": 3}
+    if "ffgg" in algorithm:
+        overrides["ffgg-init"] = "received"  # w starts at the shared init: checkable
+    job = job_for(overrides)
+    half = get_algorithm(algorithm).client
+    sent = {k: v.clone() for k, v in get_tensors(job.model, job.split.shared).items()}
+    config = {"lr": 0.0, "lr-scale": 0.0, "pflego-head-lr": 0.0, "apfl-round": 1}
+    records, key, _ = half.reply(job, config)
+    reply = records[key].to_torch_state_dict()
+    if key == DELTA:
+        assert all(float(reply[k].abs().max()) == 0.0 for k in reply)
+    elif key != GRADIENT:
+        assert all(torch.equal(reply[k], sent[k]) for k in sent)
+    if algorithm in ("fedalt", "fedsim", "ffgg", "local-ffgg"):  # personal part: at its init
+        personal = get_tensors(job.model, job.split.personal)
+        assert all(torch.equal(personal[k], job.init_personal[k]) for k in personal)
+    # and at the message's non-zero rates the same client learns
+    before = get_tensors(job.model, [*job.split.shared, *job.split.personal])
+    before = {k: v.clone() for k, v in before.items()}
+    half.train(job, {**config, "lr": 0.05, "lr-scale": 1.0, "pflego-head-lr": 0.05})
+    moved = get_tensors(job.model, list(before))
+    assert any(not torch.equal(moved[k], before[k]) for k in moved)

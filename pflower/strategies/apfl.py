@@ -199,9 +199,7 @@ class APFLClient(ClientHalf):
             v, alpha, count = state
         t0 = (int(config[ROUND]) - 1) * tau
         v = {n: t.clone() for n, t in v.items()}
-        alpha, loss, seen = self.local_steps(
-            job, v, alpha, lr0=float(config["lr"]), first_step=t0, steps=tau
-        )
+        alpha, loss, seen = self.local_steps(job, v, alpha, lr0=job.lr, first_step=t0, steps=tau)
         self._save(job, v, alpha, count + tau)
         result = training.TrainResult(loss=loss, steps=tau, examples=seen)
         return job.shared_record(), {**train_metrics(job, result), "alpha": alpha}
@@ -241,7 +239,7 @@ class APFLClient(ClientHalf):
         v, alpha = self.personal_model(job)
         mixed = _Mixture(job.model, v, alpha, w, job.cfg.apfl_mixing)
         pers = training.evaluate(mixed, job.test_loader, job.device)
-        job.sgd(job.shared_params(), lr=float(config.get("lr", job.cfg.lr)), steps=self._tau(job))
+        job.sgd(job.shared_params(), lr=job.lr, steps=self._tau(job))
         local = job.evaluate()
         splits.set_tensors(job.model, w)
         metrics: dict[str, float] = {
@@ -290,5 +288,7 @@ def apfl_strategy(cfg: Config, **kwargs) -> APFL:
 #: this file's algorithm: APFL sends the whole global copy w; v and alpha (a whole model)
 #: stay on the client
 ALGORITHMS = {
-    "apfl": Algorithm(apfl_strategy, APFLClient(), "none", "full", settings=(APFLSettings,))
+    "apfl": Algorithm(
+        apfl_strategy, APFLClient(), "none", "full", settings=(APFLSettings,), numpy_client=True
+    )
 }

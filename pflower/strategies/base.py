@@ -253,8 +253,13 @@ class PersonalizedStrategy(NodeSampling, Strategy):
     # --- sampling and messages -------------------------------------------------------------
     def train_config(self, server_round: int) -> dict:
         """Settings sent to clients with each training round (subclasses add theirs)."""
+        return self.schedule(server_round)
+
+    def schedule(self, server_round: int) -> dict:
+        """The client step sizes of a round, sent with every message (train and evaluate):
+        the one road by which a client learns its learning rate."""
         if self.pretraining(server_round):
-            return {"lr": self.pretrain_lr}
+            return {LR: self.pretrain_lr}
         t = server_round - self.pretrain_rounds
         rounds = self.num_rounds - self.pretrain_rounds
         lr = client_lr(
@@ -331,7 +336,7 @@ class PersonalizedStrategy(NodeSampling, Strategy):
             arrays = self._split_after_pretraining(arrays)
         final = server_round == self.num_rounds
         nodes = self.sample(grid, self.fraction_evaluate, everyone=final)
-        settings = {**dict(config), FINAL: final}
+        settings = {**dict(config), **self.schedule(server_round), FINAL: final}
         return self._messages(server_round, nodes, arrays, settings, MessageType.EVALUATE)
 
     # --- reply checks ----------------------------------------------------------------------

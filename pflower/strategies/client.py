@@ -5,6 +5,7 @@ all algorithms). Imports nothing from the server side.
 
 from __future__ import annotations
 
+import functools
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +19,16 @@ from torch.utils.data import DataLoader
 from pflower.task import split as splits
 from pflower.task import train as training
 from pflower.task.state import Store, load_matching
-from pflower.wire import ARRAYS, FINAL, NUM_EXAMPLES, PERSONAL_INIT, PHASE, PRETRAIN
+from pflower.wire import (
+    ARRAYS,
+    FINAL,
+    LR,
+    LR_SCALE,
+    NUM_EXAMPLES,
+    PERSONAL_INIT,
+    PHASE,
+    PRETRAIN,
+)
 
 if TYPE_CHECKING:
     from pflower.config import Config
@@ -48,6 +58,8 @@ class ClientJob:
     init_personal: dict[str, torch.Tensor]
     #: the message's other ArrayRecords (e.g. Scaffold's ``control``), by key
     received: dict[str, ArrayRecord] = field(default_factory=dict)
+    #: the message's config record (round, phase, the schedule's ``lr`` and ``lr-scale``...)
+    config: Mapping = field(default_factory=dict)
     #: whether ``restore_personal`` found stored state (reported as ``personal-restored``)
     restored: bool = False
 
@@ -55,14 +67,28 @@ class ClientJob:
     def num_train(self) -> int:
         return len(self.train_loader.dataset)
 
+    @property
+    def lr(self) -> float:
+        """The client learning rate of this message: the server's schedule sends it with
+        every message (``lr``); the run's ``lr`` only for a job built outside a message."""
+        return float(self.config.get(LR, self.cfg.lr))
+
+    @property
+    def personal_lr(self) -> float:
+        """The personal parameters' rate: ``personal-lr`` (default: the client ``lr``) times
+        the server schedule's factor ``lr-scale`` of this message."""
+        return self.cfg.effective_personal_lr * float(self.config.get(LR_SCALE, 1.0))
+
     def set_shared(self, arrays: ArrayRecord) -> None:
         splits.set_tensors(self.model, arrays.to_torch_state_dict())
 
-    def receive(self, records: Mapping[str, ArrayRecord]) -> None:
-        """Take a message's ArrayRecords: the server's ``personal-init`` (if any), the shared
-        parameters (``arrays``; the whole model in pre-training) and the algorithm's own
-        records (``received``, e.g. Scaffold's ``control``). The one entry for the ClientApp
-        and the NumPyClient adapter alike."""
+    def receive(self, records: Mapping[str, ArrayRecord], config: Mapping) -> None:
+        """Take a message: the server's ``personal-init`` (if any), the shared parameters
+        (``arrays``; the whole model in pre-training), the algorithm's own records
+        (``received``, e.g. Scaffold's ``control``) and the config record (``config``: the
+        step sizes ``lr`` / ``personal_lr`` read it). The one entry for the ClientApp and the
+        NumPyClient adapter alike."""
+        self.config = dict(config)
         if PERSONAL_INIT in records:
             self.set_personal_init(records[PERSONAL_INIT])
         self.set_shared(records[ARRAYS])
@@ -156,7 +182,21 @@ class ClientHalf:
     client would have as its personal part, ``new_client``) and the **personalized** model
     (``personalize``: its stored personal part, or, for stateless algorithms, the result of
     ``finetune-epochs`` of personal-only fine-tuning from the algorithm's init).
+
+    Step sizes have one road: the config record of the message (the server's schedule),
+    read through ``job.lr`` and ``job.personal_lr``. Each protocol step (``train``,
+    ``pretrain``, ``evaluate``) first makes the ``config`` it is called with the job's
+    (``__init_subclass__`` below), so a direct call ``half.train(job, config)`` steps at
+    that config's ``lr`` exactly as the ClientApp does.
     """
+
+    _STEPS = ("train", "pretrain", "evaluate")
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in cls._STEPS:
+            if name in cls.__dict__:
+                setattr(cls, name, _with_config(cls.__dict__[name]))
 
     #: ArrayRecord key of the training reply.
     reply_key = ARRAYS
@@ -198,7 +238,7 @@ class ClientHalf:
     def pretrain(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
         """A FedAvg pre-training round (phase ``pretrain``): local SGD on the whole model."""
         every = [n for n, _ in job.model.named_parameters()]
-        result = job.sgd(splits.parameters(job.model, every), lr=float(config["lr"]))
+        result = job.sgd(splits.parameters(job.model, every), lr=job.lr)
         return ArrayRecord(splits.get_tensors(job.model, every)), train_metrics(job, result)
 
     def evaluate(self, job: ClientJob, config: Mapping) -> dict[str, float]:
@@ -223,6 +263,21 @@ class ClientHalf:
             pers = glob
         metrics.update({NUM_EXAMPLES: pers["num-examples"], **tagged_metrics("personal", pers)})
         return metrics
+
+
+def _with_config(step):
+    """``step(half, job, config)`` with ``job.config = config`` first (``ClientHalf``)."""
+
+    @functools.wraps(step)
+    def with_config(half, job: ClientJob, config: Mapping, *args, **kwargs):
+        job.config = dict(config)
+        return step(half, job, config, *args, **kwargs)
+
+    return with_config
+
+
+for _step in ("pretrain", "evaluate"):  # the base class's own steps, as its subclasses'
+    setattr(ClientHalf, _step, _with_config(getattr(ClientHalf, _step)))
 
 
 def tagged_metrics(which: str, out: Mapping) -> dict[str, float]:

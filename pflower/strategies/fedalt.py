@@ -42,7 +42,7 @@ from pflower.config import ConfigError, Settings, Weighting
 from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob, train_metrics
 from pflower.strategies.registry import Algorithm
-from pflower.wire import LR_SCALE, ClientUpdate
+from pflower.wire import ClientUpdate
 
 if TYPE_CHECKING:
     from pflower.config import Config
@@ -125,10 +125,6 @@ class _PartialClient(ClientHalf):
             job.fine_tune(job.split.personal)
             job.save_personal()
 
-    @staticmethod
-    def personal_lr(job: ClientJob, config: Mapping) -> float:
-        return job.cfg.effective_personal_lr * float(config.get(LR_SCALE, 1.0))
-
 
 class FedAltClient(_PartialClient):
     """LocalAlt: personal phase, then shared phase at the new personal parameters."""
@@ -138,11 +134,11 @@ class FedAltClient(_PartialClient):
         self.start_personal(job)
         personal = job.sgd(
             job.personal_params(),
-            lr=self.personal_lr(job, config),
+            lr=job.personal_lr,
             epochs=cfg.personal_epochs,
             steps=cfg.personal_steps,
         )
-        shared = job.sgd(job.shared_params(), lr=float(config["lr"]))
+        shared = job.sgd(job.shared_params(), lr=job.lr)
         if cfg.stateful:
             job.save_personal()
         return job.shared_record(), {
@@ -156,10 +152,10 @@ class FedSimClient(_PartialClient):
 
     def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
         self.start_personal(job)
-        lr = float(config["lr"])
+        lr = job.lr
         groups = [
             {"params": job.shared_params(), "lr": lr},
-            {"params": job.personal_params(), "lr": self.personal_lr(job, config)},
+            {"params": job.personal_params(), "lr": job.personal_lr},
         ]
         result = job.sgd([g for g in groups if g["params"]], lr=lr)
         if job.cfg.stateful:
@@ -178,8 +174,16 @@ def fedsim_strategy(cfg: Config, **kwargs) -> FedSim:
 #: this file's algorithms; ``fedrep`` / ``fedper`` are the literature's names for FedAlt /
 #: FedSim with the head split (the config enforces it)
 ALGORITHMS = {
-    "fedalt": Algorithm(fedalt_strategy, FedAltClient(), settings=(FedAltSettings,)),
-    "fedsim": Algorithm(fedsim_strategy, FedSimClient(), settings=(FedAltSettings,)),
-    "fedrep": Algorithm(fedalt_strategy, FedAltClient(), settings=(FedAltSettings,)),
-    "fedper": Algorithm(fedsim_strategy, FedSimClient(), settings=(FedAltSettings,)),
+    "fedalt": Algorithm(
+        fedalt_strategy, FedAltClient(), settings=(FedAltSettings,), numpy_client=True
+    ),
+    "fedsim": Algorithm(
+        fedsim_strategy, FedSimClient(), settings=(FedAltSettings,), numpy_client=True
+    ),
+    "fedrep": Algorithm(
+        fedalt_strategy, FedAltClient(), settings=(FedAltSettings,), numpy_client=True
+    ),
+    "fedper": Algorithm(
+        fedsim_strategy, FedSimClient(), settings=(FedAltSettings,), numpy_client=True
+    ),
 }

@@ -64,7 +64,7 @@ class FedAvgClient(ClientHalf):
     personalizes = False
 
     def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
-        result = job.sgd(job.shared_params(), lr=float(config["lr"]))
+        result = job.sgd(job.shared_params(), lr=job.lr)
         return job.shared_record(), train_metrics(job, result)
 
     def new_client(self, job: ClientJob) -> None:
@@ -93,7 +93,7 @@ class LocalGDClient(FedAvgClient):
             job.model,
             job.shared_params(),
             job.train_loader,
-            lr=float(config["lr"]),
+            lr=job.lr,
             steps=steps,
             device=job.device,
         )
@@ -110,7 +110,7 @@ class LocalClient(ClientHalf):
 
     def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
         job.restore_personal()
-        result = job.sgd(job.personal_params(), lr=float(config["lr"]))
+        result = job.sgd(job.personal_params(), lr=job.lr)
         job.save_personal()
         return ArrayRecord(), train_metrics(job, result)
 
@@ -128,8 +128,10 @@ def local_strategy(cfg: Config, **kwargs) -> Local:
 
 #: this file's algorithms, as the app and the config know them
 ALGORITHMS = {
-    "fedavg": Algorithm(fedavg_strategy, FedAvgClient(), "none", "none"),
-    "fedavg-ft": Algorithm(fedavg_strategy, FedAvgFineTuneClient(), "none", "config"),
+    "fedavg": Algorithm(fedavg_strategy, FedAvgClient(), "none", "none", numpy_client=True),
+    "fedavg-ft": Algorithm(
+        fedavg_strategy, FedAvgFineTuneClient(), "none", "config", numpy_client=True
+    ),
     "local": Algorithm(local_strategy, LocalClient(), "full", "full"),
-    "local-gd": Algorithm(fedavg_strategy, LocalGDClient(), "none", "none"),
+    "local-gd": Algorithm(fedavg_strategy, LocalGDClient(), "none", "none", numpy_client=True),
 }

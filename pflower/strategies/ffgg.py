@@ -56,7 +56,7 @@ from pflower.strategies.client import ClientHalf, ClientJob
 from pflower.strategies.registry import Algorithm
 from pflower.task import split as splits
 from pflower.task import train as training
-from pflower.wire import DELTA, GRADIENT, LR_SCALE, NUM_EXAMPLES, ClientUpdate
+from pflower.wire import DELTA, GRADIENT, NUM_EXAMPLES, ClientUpdate
 
 if TYPE_CHECKING:
     from pflower.config import Config
@@ -184,7 +184,7 @@ class _FFGGClientBase(ClientHalf):
         if cfg.ffgg_solver == "sgd":
             return job.sgd(
                 params,
-                lr=cfg.effective_personal_lr,
+                lr=job.personal_lr,
                 epochs=cfg.personal_epochs,
                 steps=cfg.personal_steps,
             ).examples
@@ -193,7 +193,7 @@ class _FFGGClientBase(ClientHalf):
                 job.model,
                 params,
                 job.train_loader,
-                lr=cfg.effective_personal_lr,
+                lr=job.personal_lr,
                 steps=cfg.personal_steps,
                 device=job.device,
             )
@@ -256,8 +256,8 @@ class LocalFFGGClient(_FFGGClientBase):
             job.personal_params(),
             job.shared_params(),
             job.train_loader,
-            lr_first=cfg.effective_personal_lr * float(config.get(LR_SCALE, 1.0)),
-            lr_second=float(config["lr"]),
+            lr_first=job.personal_lr,
+            lr_second=job.lr,
             steps=steps,
             device=job.device,
         )

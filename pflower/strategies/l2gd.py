@@ -39,7 +39,7 @@ from pflower.strategies.registry import Algorithm
 from pflower.task import split as splits
 from pflower.task import train as training
 from pflower.task.state import load_matching
-from pflower.wire import ClientUpdate
+from pflower.wire import LR, ClientUpdate
 
 if TYPE_CHECKING:
     from pflower.config import Config
@@ -126,7 +126,7 @@ class L2GD(PersonalizedStrategy):
         settings = super().train_config(server_round)
         if self.pretraining(server_round):
             return settings
-        alpha, m = settings["lr"], self.num_nodes
+        alpha, m = settings[LR], self.num_nodes
         beta = alpha * self.lam / (m * self.p)
         if beta > 1:
             raise ValueError(
@@ -138,7 +138,7 @@ class L2GD(PersonalizedStrategy):
         self.iterations += a + k
         settings.update(
             {
-                "lr": alpha / (m * (1 - self.p)),
+                LR: alpha / (m * (1 - self.p)),
                 MIX: 1.0 - (1.0 - beta) ** a,
                 STEPS: k,
             }
@@ -178,7 +178,7 @@ class L2GDClient(ClientHalf):
         steps = int(config[STEPS])
         params = job.shared_params()
         result = (
-            job.sgd(params, lr=float(config["lr"]), steps=steps)
+            job.sgd(params, lr=job.lr, steps=steps)
             if steps
             else training.TrainResult(loss=float("nan"), steps=0, examples=0)
         )

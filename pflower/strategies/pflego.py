@@ -222,7 +222,7 @@ class PFLEGOClient(ClientHalf):
         if steps <= 0:
             return torch.tensor(float("nan"))
         phi, y = features(job.model, head, job.train_loader, job.device)
-        beta = job.cfg.effective_personal_lr
+        beta = job.personal_lr
         with torch.no_grad():
             for _ in range(steps):
                 g_w, g_b = head_gradient(phi, y, head.weight, head.bias)

@@ -23,6 +23,7 @@ class Algorithm:
     model adapts (differs from the wire split for FedAvg + fine-tuning). ``defaults``: the
     values this algorithm uses for run-config keys left at ``auto`` (``config.AUTO``).
     ``settings``: its own keys (``config.Settings`` subclasses), composed into ``Config``.
+    ``numpy_client``: whether ``pflower.numpy_client`` can run its client half.
     """
 
     strategy: Callable[..., Any]
@@ -31,3 +32,6 @@ class Algorithm:
     personal_split: str = "config"
     defaults: Mapping[str, Any] = field(default_factory=dict)
     settings: tuple[type[Settings], ...] = ()
+    #: whether its client half runs behind ``PersonalizedNumPyClient`` (one ``arrays`` reply
+    #: in the user's own split)
+    numpy_client: bool = False

@@ -107,7 +107,7 @@ class ScaffoldClient(FedAvgClient):
                 f"the training message has no {CONTROL!r} record: is the server running "
                 "the Scaffold strategy?"
             )
-        lr = float(config["lr"])
+        lr = job.lr
         names, params = job.split.shared, job.shared_params()
         control = job.received[CONTROL].to_torch_state_dict()
         c = [control[n].to(job.device) for n in names]
