@@ -92,7 +92,7 @@ PLANTS = [
     Plant(
         "pflego: head step size doubled",
         S + "pflego.py",
-        [('rate = float(config["pflego-head-lr"])', 'rate = 2 * float(config["pflego-head-lr"])')],
+        [("rate = float(config[HEAD_LR])", "rate = 2 * float(config[HEAD_LR])")],
         [T + "test_exact_pflego.py", T + "test_pflego.py"],
     ),
     Plant(
@@ -141,7 +141,7 @@ PLANTS = [
         S + "pflego.py",
         [
             (
-                'rate *= job.num_train / float(config.get("pflego-total-examples", job.num_train))',
+                "rate *= job.num_train / float(config.get(TOTAL_EXAMPLES, job.num_train))",
                 "rate *= 1.0",
             )
         ],
@@ -156,7 +156,7 @@ PLANTS = [
     Plant(
         "pflego: head steps at lr instead of personal-lr (beta)",
         S + "pflego.py",
-        [("beta = job.cfg.effective_personal_lr", "beta = job.cfg.lr")],
+        [("beta = job.personal_lr", "beta = job.lr")],
         [T + "test_exact_pflego.py", T + "test_pflego.py"],
     ),
     # --- FedAlt / FedSim ----------------------------------------------------------------
@@ -172,12 +172,11 @@ PLANTS = [
         [
             (
                 "        personal = job.sgd(\n            job.personal_params(),",
-                '        shared = job.sgd(job.shared_params(), lr=float(config["lr"]))\n'
+                "        shared = job.sgd(job.shared_params(), lr=job.lr)\n"
                 "        personal = job.sgd(\n            job.personal_params(),",
             ),
             (
-                "        )\n        shared = job.sgd(job.shared_params(), "
-                'lr=float(config["lr"]))\n',
+                "        )\n        shared = job.sgd(job.shared_params(), lr=job.lr)\n",
                 "        )\n",
             ),
         ],
@@ -188,7 +187,7 @@ PLANTS = [
         S + "fedalt.py",
         [
             (
-                '{"params": job.personal_params(), "lr": self.personal_lr(job, config)}',
+                '{"params": job.personal_params(), "lr": job.personal_lr}',
                 '{"params": job.personal_params(), "lr": lr}',
             )
         ],
@@ -265,7 +264,7 @@ PLANTS = [
     # --- baselines ----------------------------------------------------------------------
     Plant(
         "fedavg / local-gd: mean of returned weights unweighted",
-        S + "base.py",
+        S + "server.py",
         [
             (
                 "weights = [u.num_examples if weighted else 1.0 for u in updates]",
@@ -300,13 +299,13 @@ PLANTS = [
     Plant(
         "l2gd: a averaging steps mixed as a * beta",
         S + "l2gd.py",
-        [('"l2gd-mix": 1.0 - (1.0 - beta) ** a', '"l2gd-mix": min(1.0, a * beta)')],
+        [("MIX: 1.0 - (1.0 - beta) ** a", "MIX: min(1.0, a * beta)")],
         [T + "test_exact_rounds.py", T + "test_baselines_linear.py"],
     ),
     Plant(
         "l2gd: local step alpha / M without 1/(1 - p)",
         S + "l2gd.py",
-        [('"lr": alpha / (m * (1 - self.p))', '"lr": alpha / m')],
+        [("LR: alpha / (m * (1 - self.p))", "LR: alpha / m")],
         [T + "test_exact_rounds.py", T + "test_baselines_linear.py"],
     ),
     # --- robust rules -------------------------------------------------------------------
@@ -381,7 +380,7 @@ PLANTS = [
     ),
     Plant(
         "pseudo-gradient with the wrong sign (weights-returning strategies)",
-        S + "base.py",
+        S + "server.py",
         [
             (
                 "(current[k].astype(np.float64) if wide else current[k]) - u.tensors[k]",

@@ -20,7 +20,7 @@ SHARED = [
     "client_app.py",
     "server_app.py",
     "numpy_client.py",
-    "strategies/base.py",
+    "strategies/server.py",
     "strategies/client.py",
     "strategies/nodes.py",
     "strategies/combine.py",
@@ -87,7 +87,7 @@ def test_task_imports_no_flower():
 
 
 def test_the_client_protocol_imports_no_server_code():
-    server = ("flwr.serverapp", "pflower.strategies.base", "pflower.strategies.nodes")
+    server = ("flwr.serverapp", "pflower.strategies.server", "pflower.strategies.nodes")
     server += ("pflower.strategies.combine", "pflower.strategies.server_opt")
     for module in ("strategies/client.py", "context_store.py", "task/state.py"):
         found = {m for m in _imports(PKG / module) if m.startswith(server)}

@@ -25,7 +25,6 @@ from pflower.strategies import pflego as _pflego
 from pflower.strategies import scaffold as _scaffold
 from pflower.strategies.apfl import APFL, APFLClient
 from pflower.strategies.async_ffgg import AsyncFFGG
-from pflower.strategies.base import PersonalizedStrategy, strategy_kwargs
 from pflower.strategies.client import ClientHalf, ClientJob
 from pflower.strategies.fedalt import (
     FedAlt,
@@ -52,6 +51,7 @@ from pflower.strategies.l2gd import L2GD, L2GDClient
 from pflower.strategies.pflego import PFLEGO, PFLEGOClient
 from pflower.strategies.registry import Algorithm
 from pflower.strategies.scaffold import Scaffold, ScaffoldClient
+from pflower.strategies.server import PersonalizedStrategy, strategy_kwargs
 from pflower.task.data import dataset_info
 from pflower.task.linear import SyntheticLinear
 from pflower.task.models import build_model, build_user_model, import_object

@@ -42,9 +42,9 @@ from torch import nn
 from torch.func import functional_call
 
 from pflower.config import Settings, Weighting
-from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob, tagged_metrics, train_metrics
 from pflower.strategies.registry import Algorithm
+from pflower.strategies.server import PersonalizedStrategy
 from pflower.task import split as splits
 from pflower.task import train as training
 from pflower.task.state import load_matching

@@ -39,9 +39,9 @@ from flwr.app import ArrayRecord
 from pydantic import Field
 
 from pflower.config import ConfigError, Settings, Weighting
-from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob, train_metrics
 from pflower.strategies.registry import Algorithm
+from pflower.strategies.server import PersonalizedStrategy
 from pflower.wire import ClientUpdate
 
 if TYPE_CHECKING:

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from flwr.app import ArrayRecord
 
-from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob, train_metrics
 from pflower.strategies.registry import Algorithm
+from pflower.strategies.server import PersonalizedStrategy
 from pflower.task import train as training
 from pflower.task.split import make_split
 from pflower.wire import ClientUpdate

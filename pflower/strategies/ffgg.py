@@ -51,9 +51,9 @@ from flwr.app import ArrayRecord
 from pydantic import Field
 
 from pflower.config import ConfigError, Settings, Weighting
-from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob
 from pflower.strategies.registry import Algorithm
+from pflower.strategies.server import PersonalizedStrategy
 from pflower.task import split as splits
 from pflower.task import train as training
 from pflower.wire import DELTA, GRADIENT, NUM_EXAMPLES, ClientUpdate

@@ -32,10 +32,10 @@ from flwr.app import ArrayRecord
 from pydantic import Field
 
 from pflower.config import ConfigError, Settings
-from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob, train_metrics
 from pflower.strategies.combine import weighted_mean
 from pflower.strategies.registry import Algorithm
+from pflower.strategies.server import PersonalizedStrategy
 from pflower.task import split as splits
 from pflower.task import train as training
 from pflower.task.state import load_matching

@@ -48,10 +48,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from pflower.config import Settings
-from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientHalf, ClientJob
 from pflower.strategies.combine import weighted_mean
 from pflower.strategies.registry import Algorithm
+from pflower.strategies.server import PersonalizedStrategy
 from pflower.task import train as training
 from pflower.wire import GRADIENT, NUM_EXAMPLES, ClientUpdate
 

@@ -33,11 +33,11 @@ from flwr.app import Array, ArrayRecord
 from pydantic import Field
 
 from pflower.config import Settings
-from pflower.strategies.base import PersonalizedStrategy
 from pflower.strategies.client import ClientJob, train_metrics
 from pflower.strategies.combine import weighted_mean
 from pflower.strategies.fedavg import FedAvgClient
 from pflower.strategies.registry import Algorithm
+from pflower.strategies.server import PersonalizedStrategy
 from pflower.task import train as training
 from pflower.task.state import load_matching
 from pflower.wire import DELTA, ClientUpdate
