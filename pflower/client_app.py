@@ -12,6 +12,7 @@ makes it wait that many seconds before each training reply
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -87,6 +88,12 @@ def make_job(cfg: Config, context: Context, server_round: int) -> ClientJob:
     )
 
 
+def measured(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The metrics that were measured: a NaN stands for "none" (the loss of zero steps) and
+    is left out, since the server drops a reply with a non-finite metric."""
+    return {k: v for k, v in metrics.items() if math.isfinite(v)}
+
+
 def build_client_app(overrides: Mapping | None = None) -> ClientApp:
     """A ClientApp; ``overrides`` are run-config keys applied over ``context.run_config``
     (``flwr.simulation.run_simulation`` passes no run config, so tests and benchmarks do)."""
@@ -113,8 +120,7 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
         delay = straggler_delay(cfg, context.node_config)
         if delay:
             time.sleep(delay)
-        metrics = {**metrics, **tag}
-        content = RecordDict({**records, METRICS: MetricRecord(metrics)})
+        content = RecordDict({**records, METRICS: MetricRecord(measured({**metrics, **tag}))})
         return Message(content=content, reply_to=msg)
 
     @app.query()
@@ -134,7 +140,7 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
         cfg, job, config = setup(msg, context)
-        metrics = get_algorithm(cfg.algorithm).client.evaluate(job, config)
+        metrics = measured(get_algorithm(cfg.algorithm).client.evaluate(job, config))
         return Message(content=RecordDict({METRICS: MetricRecord(metrics)}), reply_to=msg)
 
     return app

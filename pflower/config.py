@@ -101,7 +101,10 @@ class Settings(BaseModel):
     """Base of the run-level keys and of every algorithm's settings: flat dashed keys,
     unknown keys refused, immutable (hashable: the apps cache per config)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # inf / nan are refused for every float key: no step size, bound or fraction is infinite
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
 
     @classmethod
     def check(cls, cfg: Config) -> None:
@@ -197,6 +200,12 @@ class RunSettings(Settings):
     robust_krum_m: int = Field(3, alias="robust-krum-m", ge=1)
     robust_clip_radius: float = Field(1.0, alias="robust-clip-radius", gt=0)
     robust_clip_iterations: int = Field(3, alias="robust-clip-iterations", ge=1)
+    #: drop a training reply whose update norm exceeds this many times the round's median
+    #: (rounds of 3 replies or more); 0: off
+    max_update_norm: float = Field(100.0, alias="max-update-norm", ge=0)
+    #: drop a reply claiming more training examples than this; 0: no cap (a node's claim must
+    #: in any case stay what it first reported)
+    max_num_examples: int = Field(0, alias="max-num-examples", ge=0)
     # --- straggler simulation (any algorithm; the ClientApp sleeps after training) -----------
     #: seconds every client adds to each training reply (0: none); node config delay-s overrides
     straggler_delay_s: float = Field(0.0, alias="straggler-delay-s", ge=0)
@@ -208,7 +217,7 @@ class RunSettings(Settings):
     attack_simulation: bool = Field(False, alias="attack-simulation")
 
     # --- run -------------------------------------------------------------------------------
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     device: DeviceName = "auto"
     outputs_dir: str = Field("outputs", alias="outputs-dir")
     #: save the shared parameters every this many rounds (outputs/<run>/checkpoints/); 0: only
@@ -235,6 +244,11 @@ class RunSettings(Settings):
                 f"key 'task' = 'classification': loss {self.loss!r}, model {self.model!r}, "
                 f"data set {self.dataset!r} make a regression problem; use task 'regression' "
                 "or 'auto'"
+            )
+        if 0 < self.max_update_norm < 1:
+            raise ConfigError(
+                f"key 'max-update-norm' = {self.max_update_norm}: a multiple of the round's "
+                "median update norm, must be 0 (off) or >= 1 (the median itself is honest)"
             )
         if self.personal_epochs == 0 and self.personal_steps == 0:
             raise ConfigError(

@@ -58,21 +58,18 @@ def _columnwise(fn, X: torch.Tensor) -> torch.Tensor:
     return torch.cat([fn(X[:, i : i + chunk]) for i in range(0, X.shape[1], chunk)])
 
 
-def _gram_distances(X: torch.Tensor) -> torch.Tensor:
-    """N x N squared Euclidean distances through the Gram matrix, accumulated over column
-    chunks in float64. The rows are centred on their mean first, so ||x_i||^2 + ||x_j||^2 -
-    2 x_i.x_j does not cancel catastrophically for updates that are close relative to their
-    norms, and each chunk's product can stay in float32 (a float64 copy of every chunk cost
-    more than the product)."""
-    chunk = CHUNK
+def _pair_distances(X: torch.Tensor) -> torch.Tensor:
+    """N x N squared Euclidean distances, exact to float64 rounding: the differences
+    x_i - x_j themselves, squared and summed in float64 over column chunks (no Gram-matrix
+    identity, no centring). Rounding therefore cannot change which rows are close, whatever
+    the scale of the others: huge rows cannot hide a moderately bad one (a float32 Gram
+    product of rows centred on their mean let 1e6-sized rows do that)."""
     n = X.shape[0]
-    gram = torch.zeros(n, n, dtype=torch.float64, device=X.device)
-    for i in range(0, X.shape[1], chunk):
-        part = X[:, i : i + chunk]
-        part = part - part.mean(0)
-        gram += (part @ part.T).double()
-    sq = gram.diagonal()
-    return (sq[:, None] + sq[None, :] - 2 * gram).clamp_min(0)
+    d2 = torch.zeros(n, n, dtype=torch.float64, device=X.device)
+    for i in range(0, X.shape[1], CHUNK):
+        part = X[:, i : i + CHUNK].double()
+        d2 += torch.cdist(part, part, compute_mode="donot_use_mm_for_euclid_dist").square()
+    return d2
 
 
 def _select(c: torch.Tensor, kth: tuple[int, ...]) -> torch.Tensor:
@@ -111,6 +108,16 @@ class Aggregator(ABC):
     @abstractmethod
     def aggregate(self, X: torch.Tensor, f: int) -> torch.Tensor:
         """The rule itself, on a checked stack."""
+
+    def problem(self, n: int, f: int) -> str:
+        """Why this rule cannot combine ``n`` inputs of which ``f`` Byzantine ('' if it
+        can): the server refuses such a run at start and skips such a round."""
+        tolerated = self.max_byzantine(n)
+        if tolerated < 0:
+            return f"{self.name} cannot combine {n} inputs (too few for its breakdown point)"
+        if f > tolerated:
+            return f"{self.name} over {n} inputs tolerates at most {tolerated} Byzantine, not {f}"
+        return ""
 
     def __call__(self, X: torch.Tensor, f: int = 0) -> torch.Tensor:
         if X.ndim != 2 or X.shape[0] == 0:
@@ -190,8 +197,16 @@ class Krum(Aggregator):
     def max_byzantine(self, n: int) -> int:
         return max(-1, (n - 3) // 2)  # N > 2f + 2
 
+    def problem(self, n: int, f: int) -> str:
+        if not super().problem(n, f) and self.m > n - f:
+            return (
+                f"multi-krum averages the m = {self.m} best-scored of {n} inputs; with f = {f} "
+                f"Byzantine m must be at most N - f = {n - f} (else outliers are averaged in)"
+            )
+        return super().problem(n, f)
+
     def scores(self, X: torch.Tensor, f: int) -> torch.Tensor:
-        d2 = _gram_distances(X)
+        d2 = _pair_distances(X)
         neighbours = X.shape[0] - f - 2
         d2.fill_diagonal_(float("inf"))
         return d2.sort(1).values[:, :neighbours].sum(1)
@@ -268,6 +283,11 @@ class Bucketing(Aggregator):
 
     def max_byzantine(self, n: int) -> int:
         return self.base.max_byzantine(math.ceil(n / self.s))
+
+    def problem(self, n: int, f: int) -> str:
+        buckets = math.ceil(n / self.s)
+        inner = self.base.problem(buckets, f)
+        return f"{self.name}: {n} inputs make {buckets} buckets; {inner}" if inner else ""
 
     def aggregate(self, X, f):
         order = torch.randperm(X.shape[0], generator=self.generator).to(X.device)

@@ -97,13 +97,6 @@ class APFL(PersonalizedStrategy):
         settings[ROUND] = server_round - self.pretrain_rounds
         return settings
 
-    def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
-        alphas = [u.metrics["alpha"] for u in updates if "alpha" in u.metrics]
-        metrics = super().round_metrics(updates)
-        if alphas:
-            metrics.update({"alpha-min": float(min(alphas)), "alpha-max": float(max(alphas))})
-        return metrics
-
 
 def _names(model: nn.Module) -> list[str]:
     return [n for n, _ in model.named_parameters()]
@@ -202,7 +195,8 @@ class APFLClient(ClientHalf):
         alpha, loss, seen = self.local_steps(job, v, alpha, lr0=job.lr, first_step=t0, steps=tau)
         self._save(job, v, alpha, count + tau)
         result = training.TrainResult(loss=loss, steps=tau, examples=seen)
-        return job.shared_record(), {**train_metrics(job, result), "alpha": alpha}
+        # alpha is personal: it stays in the store and never enters a reply
+        return job.shared_record(), train_metrics(job, result)
 
     def new_client(self, job: ClientJob) -> None:
         """The global model: the received w as it is."""
@@ -246,7 +240,6 @@ class APFLClient(ClientHalf):
             "partition-id": job.partition_id,
             "num-train": job.num_train,
             NUM_EXAMPLES: pers["num-examples"],
-            "alpha": alpha,
         }
         for which, out in (("global", glob), ("personal", pers), ("localized", local)):
             metrics.update(tagged_metrics(which, out))

@@ -72,6 +72,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("flwr.pflower")
 
 
+class RoundSkipped(Exception):
+    """This round's replies cannot be combined (too few for the robust rule's breakdown
+    point): the round leaves the shared parameters unchanged."""
+
+
 class PersonalizedStrategy(NodeSampling, Strategy):
     """Base strategy: sampling, messages, reply checks, per-client evaluation metrics.
 
@@ -131,8 +136,25 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         **Attack simulation, for robustness experiments only**: replies tagged by ALIE / IPM
         nodes (``pflower.experiments.attacks``) are replaced by the omniscient adversary's vector,
         computed from the round's honest replies. Off: tagged replies are dropped.
+    max_update_norm : float (default: 100.0)
+        Drop a training reply whose update (gradient, delta, or ``current - returned
+        weights``) is longer than this many times the round's median update norm (with at
+        least 3 replies: the median is then an honest client's as long as most are honest);
+        0 turns the bound off. One finite but huge reply can then neither set the mean nor a
+        server Adam's moments.
+    max_num_examples : int (default: 0)
+        Drop a reply claiming more training examples than this (0: no cap). Independently,
+        a node's claim must equal what it reported at start-up (when the strategy asked) or
+        in its first accepted reply: a node's training set does not change during a run.
     min_available_nodes : int (default: 1)
         Wait until this many nodes are connected before sampling.
+
+    **Threat model.** Without a robust rule pflower tolerates *broken* clients: errors,
+    missing or extra records, wrong names, shapes or dtypes, NaN/Inf, bad or inconsistent
+    ``num-examples``, malformed metrics, and single finite outliers (``max_update_norm``).
+    Colluding clients whose updates stay within the honest spread (ALIE, IPM, label
+    flipping) need a robust rule (``robust``) and enough replies for its breakdown point; a
+    round with too few replies for the rule is skipped, counted, never crashes the run.
     """
 
     def __init__(
@@ -155,6 +177,8 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         robust: Aggregator | None = None,
         byzantine: int = 0,
         attack_simulation: bool = False,
+        max_update_norm: float = 100.0,
+        max_num_examples: int = 0,
         min_available_nodes: int = 1,
     ) -> None:
         if not 0 < fraction_train <= 1:
@@ -193,6 +217,12 @@ class PersonalizedStrategy(NodeSampling, Strategy):
             raise ValueError(f"byzantine = {byzantine}: must be >= 0")
         self.robust, self.byzantine = robust, byzantine
         self.attack_simulation = attack_simulation
+        if not (max_update_norm == 0 or max_update_norm >= 1):
+            raise ValueError(f"max_update_norm = {max_update_norm}: must be 0 (off) or >= 1")
+        if max_num_examples < 0:
+            raise ValueError(f"max_num_examples = {max_num_examples}: must be >= 0")
+        self.max_update_norm, self.max_num_examples = max_update_norm, max_num_examples
+        self.claimed_num_examples: dict[int, float] = {}  # node id -> first accepted claim
         self.min_available_nodes = min_available_nodes
         self.rng = random.Random(seed)
         self.num_rounds = 0
@@ -299,7 +329,8 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         return {}
 
     def check_robust(self, num_replies: int) -> None:
-        """Refuse, before training starts, a robust rule that cannot tolerate ``byzantine``."""
+        """Refuse, before training starts, a robust rule that cannot combine a round's
+        ``num_replies`` with ``byzantine`` of them Byzantine."""
         if self.robust is None:
             if self.byzantine:
                 raise ValueError(
@@ -307,11 +338,12 @@ class PersonalizedStrategy(NodeSampling, Strategy):
                     "('robust-aggregator'); the mean tolerates none"
                 )
             return
-        limit = self.robust.max_byzantine(num_replies)
-        if self.byzantine > limit:
+        problem = self.robust.problem(num_replies, self.byzantine)
+        if problem:
             raise ValueError(
-                f"key 'robust-byzantine' = {self.byzantine}: {self.robust.name} over "
-                f"{num_replies} replies per round tolerates at most {max(limit, 0)}"
+                f"keys 'robust-aggregator' / 'robust-byzantine' = {self.byzantine} / "
+                f"'robust-krum-m' / 'fraction-train': {problem}; each round samples "
+                f"{num_replies} nodes"
             )
 
     def configure_train(self, server_round, arrays, config, grid) -> Iterable[Message]:
@@ -357,9 +389,21 @@ class PersonalizedStrategy(NodeSampling, Strategy):
             return None
         metrics = dict(next(iter(records.values())))
         for key in required:
-            value = metrics.get(key)
-            if not isinstance(value, (int, float)) or not np.isfinite(value):
-                self._drop(server_round, node, f"metric {key!r} missing or not finite")
+            if key not in metrics:
+                self._drop(server_round, node, f"metric {key!r} missing")
+                return None
+        for key, value in metrics.items():  # every metric: a finite number in its range
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                self._drop(server_round, node, f"metric {key!r} is not a number")
+                return None
+            if not np.isfinite(value):
+                self._drop(server_round, node, f"metric {key!r} is not finite")
+                return None
+            if key.endswith("accuracy") and not 0 <= value <= 1:
+                self._drop(server_round, node, f"metric {key!r} = {value} outside [0, 1]")
+                return None
+            if key == NUM_EXAMPLES and (value < 1 or value != int(value)):
+                self._drop(server_round, node, "num-examples is not a positive integer")
                 return None
         return metrics
 
@@ -377,8 +421,9 @@ class PersonalizedStrategy(NodeSampling, Strategy):
             if metrics is None:
                 continue
             node = msg.metadata.src_node_id
-            if metrics[NUM_EXAMPLES] <= 0:
-                self._drop(server_round, node, "num-examples is not positive")
+            problem = self._num_examples_problem(node, metrics[NUM_EXAMPLES])
+            if problem:
+                self._drop(server_round, node, problem)
                 continue
             records = msg.content.array_records
             if set(records) != keys:
@@ -395,8 +440,48 @@ class PersonalizedStrategy(NodeSampling, Strategy):
             if len(checked) != len(keys):
                 continue
             tensors = checked.pop(reply_key)
+            self.claimed_num_examples.setdefault(node, metrics[NUM_EXAMPLES])
             updates.append(ClientUpdate(node, tensors, metrics, checked))
         return updates
+
+    def _num_examples_problem(self, node: int, claimed: float) -> str:
+        """Why a reply's ``num-examples`` is not believed ('' if it is): above the cap, or
+        not what this node reported at start-up / in its first accepted reply."""
+        if self.max_num_examples and claimed > self.max_num_examples:
+            return f"num-examples {claimed:g} above max-num-examples {self.max_num_examples}"
+        known = self.num_train_of.get(node, self.claimed_num_examples.get(node))
+        if known is not None and claimed != known:
+            return f"num-examples {claimed:g} differs from the {known:g} this node reported"
+        return ""
+
+    def bound_updates(
+        self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
+    ) -> list[ClientUpdate]:
+        """Drop (and count) the replies whose update norm exceeds ``max_update_norm``
+        times the round's median (3 replies or more)."""
+        if not self.max_update_norm or len(updates) < 3:
+            return updates
+        weights = self.pretraining(server_round) or self.reply_key == ARRAYS
+
+        def norm(u: ClientUpdate) -> float:  # in float64: a huge reply must not overflow
+            vectors = ((current[k] - t) if weights else t for k, t in u.tensors.items())
+            return float(np.sqrt(sum(np.square(v.astype(np.float64)).sum() for v in vectors)))
+
+        norms = np.array([norm(u) for u in updates])
+        bound = self.max_update_norm * float(np.median(norms))
+        if not bound > 0:
+            return updates
+        kept = []
+        for u, size in zip(updates, norms):
+            if size > bound:
+                self._drop(
+                    server_round,
+                    u.node_id,
+                    f"update norm {size:.3g} > max-update-norm x round median = {bound:.3g}",
+                )
+            else:
+                kept.append(u)
+        return kept
 
     def _check_record(self, server_round, node, record, expected) -> dict | None:
         """The record's tensors, or None (and a drop) if its names, shapes, dtypes or
@@ -426,6 +511,8 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         tolerates for this round's number of replies, with a warning)."""
         if self.robust is None:
             return weighted_mean(vectors, weights)
+        if self.robust.problem(len(vectors), 0):  # too few left after drops: no aggregate
+            raise RoundSkipped(self.robust.problem(len(vectors), 0))
         X, layout = aggregators.stack(vectors)
         f = min(self.byzantine, max(0, self.robust.max_byzantine(len(vectors))))
         if f < self.byzantine:
@@ -492,6 +579,7 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         updates = self.check_train_replies(server_round, replies)
         current = {k: a.numpy() for k, a in self._current.items()}
         updates = self.simulate_omniscient(server_round, current, updates)
+        updates = self.bound_updates(server_round, current, updates)
         entry = self._log(server_round)
         entry.seconds = time.perf_counter() - self._round_start
         metrics = {
@@ -505,10 +593,19 @@ class PersonalizedStrategy(NodeSampling, Strategy):
             )
             entry.train = metrics
             return self._current, MetricRecord(metrics)
-        if self.pretraining(server_round):
-            new = weighted_mean([u.tensors for u in updates], [u.num_examples for u in updates])
-        else:
-            new = self.aggregate(server_round, current, updates)
+        try:
+            if self.pretraining(server_round):
+                tensors, sizes = [u.tensors for u in updates], [u.num_examples for u in updates]
+                new = weighted_mean(tensors, sizes)
+            else:
+                new = self.aggregate(server_round, current, updates)
+        except RoundSkipped as skipped:  # too few replies left for the robust rule
+            log.warning(
+                "round %d: skipped, the shared parameters are unchanged: %s", server_round, skipped
+            )
+            metrics["skipped"] = 1
+            entry.train = metrics
+            return self._current, MetricRecord(metrics)
         metrics.update(self.round_metrics(updates))
         entry.train = metrics
         arrays = ArrayRecord(
@@ -521,7 +618,22 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         for msg in replies:
             metrics = self._metrics(server_round, msg, [NUM_EXAMPLES, "personal-loss"])
             if metrics is not None:
-                rows.append(metrics)
+                rows.append((msg.metadata.src_node_id, metrics))
+        # the metrics most clients report (accuracies for a classifier...) every row must
+        # have: one reply without them is dropped, not a KeyError in the summary
+        counts: dict[str, int] = {}
+        for _, metrics in rows:
+            for key in metrics:
+                counts[key] = counts.get(key, 0) + 1
+        expected = {k for k, c in counts.items() if 2 * c > len(rows)}
+        kept = []
+        for node, metrics in rows:
+            missing = sorted(expected - set(metrics))
+            if missing:
+                self._drop(server_round, node, f"metric {missing[0]!r} missing")
+            else:
+                kept.append(metrics)
+        rows = kept
         if not rows:
             return None
         summary = summarize_clients(rows)
@@ -555,4 +667,6 @@ def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> d
         "robust": robust_aggregator(cfg),
         "byzantine": cfg.robust_byzantine,
         "attack_simulation": cfg.attack_simulation,
+        "max_update_norm": cfg.max_update_norm,
+        "max_num_examples": cfg.max_num_examples,
     }
