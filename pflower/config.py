@@ -203,8 +203,8 @@ class RunSettings(Settings):
     #: drop a training reply whose update norm exceeds this many times the round's median
     #: (rounds of 3 replies or more); 0: off
     max_update_norm: float = Field(100.0, alias="max-update-norm", ge=0)
-    #: drop a reply claiming more training examples than this; 0: no cap (a node's claim must
-    #: in any case stay what it first reported)
+    #: drop a reply claiming more training examples than this; 0: more than 100 x the round's
+    #: median claim (a node's claim must in any case stay what it first reported)
     max_num_examples: int = Field(0, alias="max-num-examples", ge=0)
     # --- straggler simulation (any algorithm; the ClientApp sleeps after training) -----------
     #: seconds every client adds to each training reply (0: none); node config delay-s overrides

@@ -116,7 +116,7 @@ class PersonalizedNumPyClient(NumPyClient):
         checked against this client's split by ``ClientJob.set_personal_init``."""
         self.personal_init = record
 
-    def _exchanged(self, config: Mapping) -> tuple[str, ...]:
+    def exchanged(self, config: Mapping) -> tuple[str, ...]:
         """The parameters in a message: all of them during FedAvg pre-training (phase
         ``pretrain``), the shared ones otherwise."""
         if config.get(PHASE) == PRETRAIN:
@@ -126,7 +126,7 @@ class PersonalizedNumPyClient(NumPyClient):
     def _job(self, parameters: list[np.ndarray], config: Mapping) -> ClientJob:
         """The message as pflower's ClientApp sees it (``ClientJob.receive``): the arrays
         under their names, the server's ``personal-init`` if it sent one."""
-        names = self._exchanged(config)
+        names = self.exchanged(config)
         if len(parameters) != len(names):
             raise ValueError(
                 f"received {len(parameters)} arrays; this client exchanges {len(names)} "
@@ -157,7 +157,7 @@ class PersonalizedNumPyClient(NumPyClient):
         records, key, metrics = self.half.reply(self._job(parameters, config), config)
         if key != ARRAYS or len(records) != 1:
             raise ValueError(f"{self.cfg.algorithm}: replies with {sorted(records)}, not arrays")
-        arrays = [records[ARRAYS][k].numpy() for k in self._exchanged(config)]
+        arrays = [records[ARRAYS][k].numpy() for k in self.exchanged(config)]
         return arrays, int(metrics[NUM_EXAMPLES]), dict(metrics)
 
     def evaluate(self, parameters, config):
@@ -170,10 +170,21 @@ def numpy_client_app(client_fn: Callable[[Context], NumPyClient]) -> ClientApp:
     """A message-API ClientApp that runs ``client_fn(context)``'s ``NumPyClient``."""
     app = ClientApp()
 
-    def parameters(msg: Message) -> tuple[list[str], list[np.ndarray], dict]:
+    def parameters(msg: Message, made: NumPyClient) -> tuple[list[str], list[np.ndarray], dict]:
+        """The message's arrays as ``fit`` takes them: in the client's own order of names
+        when it declares one (``PersonalizedNumPyClient``: matched by name, a different set
+        of names refused), else in the record's order."""
         record = msg.content[ARRAYS]
-        names = list(record.keys())
         config = dict(msg.content[CONFIG]) if CONFIG in msg.content else {}
+        names = list(record.keys())
+        if isinstance(made, PersonalizedNumPyClient):
+            expected = list(made.exchanged(config))
+            if set(names) != set(expected):
+                raise ValueError(
+                    f"the message carries {sorted(set(names) ^ set(expected))[:4]} where this "
+                    "client's split differs: server and client must split the same model"
+                )
+            names = expected
         return names, [record[k].numpy() for k in names], config
 
     def client(msg: Message, context: Context) -> NumPyClient:
@@ -184,8 +195,9 @@ def numpy_client_app(client_fn: Callable[[Context], NumPyClient]) -> ClientApp:
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        names, arrays, config = parameters(msg)
-        new, num_examples, metrics = client(msg, context).fit(arrays, config)
+        made = client(msg, context)
+        names, arrays, config = parameters(msg, made)
+        new, num_examples, metrics = made.fit(arrays, config)
         if len(new) != len(names):
             raise ValueError(f"fit returned {len(new)} arrays for {len(names)} received")
         reply = ArrayRecord({k: Array(np.ascontiguousarray(a)) for k, a in zip(names, new)})
@@ -199,8 +211,9 @@ def numpy_client_app(client_fn: Callable[[Context], NumPyClient]) -> ClientApp:
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
-        _, arrays, config = parameters(msg)
-        loss, num_examples, metrics = client(msg, context).evaluate(arrays, config)
+        made = client(msg, context)
+        _, arrays, config = parameters(msg, made)
+        loss, num_examples, metrics = made.evaluate(arrays, config)
         out = {**_numeric(metrics), "loss": float(loss), NUM_EXAMPLES: num_examples}
         return Message(content=RecordDict({METRICS: MetricRecord(out)}), reply_to=msg)
 

@@ -21,7 +21,7 @@ from pflower.strategies import (
     wire_split,
 )
 from pflower.task import linear
-from pflower.task.split import get_tensors
+from pflower.task.split import Split, get_tensors
 
 log = logging.getLogger("flwr.pflower")
 
@@ -33,12 +33,34 @@ def split_name(cfg: Config) -> str:
     return f"patterns {cfg.split_patterns}" if cfg.split_patterns else cfg.split
 
 
+def check_split(cfg: Config, split: Split, personal: Split) -> None:
+    """Refuse, before any client is contacted, a split that leaves the algorithm nothing to
+    federate or nothing to personalize (e.g. ``split = "full"`` or a ``*`` pattern)."""
+    entry = get_algorithm(cfg.algorithm)
+    chosen = f"key 'split' = {cfg.split!r}" + (
+        f" / 'split-patterns' = {cfg.split_patterns!r}" if cfg.split_patterns else ""
+    )
+    if entry.wire_split == "config" and split.num_shared == 0:
+        raise ConfigError(
+            f"{chosen}: leaves no shared parameter, and {cfg.algorithm!r} federates the "
+            "shared part; choose a split that keeps some parameters shared (or 'local' for "
+            "no federation)"
+        )
+    if entry.personal_split == "config" and personal.num_personal == 0:
+        raise ConfigError(
+            f"{chosen}: leaves no personal parameter, and {cfg.algorithm!r} personalizes "
+            "the personal part; choose a split with a personal part (or 'fedavg' for one "
+            "shared model)"
+        )
+
+
 def run(grid: Grid, cfg: Config) -> report.RunReport:
     """Run ``cfg`` on the nodes of ``grid``; write the outputs and print the summary."""
     started = time.perf_counter()
     torch.manual_seed(cfg.seed)
     model = build_run_model(cfg)
     split, personal = wire_split(model, cfg), personal_split(model, cfg)
+    check_split(cfg, split, personal)
     log.info("pflower: %s on %s, model %s", cfg.algorithm, cfg.dataset, cfg.model)
     ignored = cfg.ignored_keys()
     if ignored:  # set, but another algorithm's: say so once instead of dropping them silently
@@ -157,10 +179,10 @@ def build_server_app(
         # as failed with that message (Flower logs the exception after it).
         try:
             cfg = Config.from_run_config({**context.run_config, **(overrides or {})})
+            result = run(grid, cfg)  # checks the split against the model before any message
         except ConfigError as err:
             log.error("pflower: %s", err)
             raise
-        result = run(grid, cfg)
         if on_report is not None:
             on_report(result)
 

@@ -42,6 +42,26 @@ class ClientUpdate:
         return float(self.metrics[NUM_EXAMPLES])
 
 
+def metrics_problem(metrics: Mapping, required: tuple[str, ...] = (NUM_EXAMPLES,)) -> str:
+    """Why a reply's metrics cannot be aggregated ('' if they can): a required key
+    missing, a value that is not a finite number, an accuracy outside [0, 1], or a
+    ``num-examples`` that is not a positive integer. The metric check every aggregating
+    strategy applies (pflower's and ``RobustFedAvg``)."""
+    for key in required:
+        if key not in metrics:
+            return f"metric {key!r} missing"
+    for key, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"metric {key!r} is not a number"
+        if not np.isfinite(value):
+            return f"metric {key!r} is not finite"
+        if key.endswith("accuracy") and not 0 <= value <= 1:
+            return f"metric {key!r} = {value} outside [0, 1]"
+        if key == NUM_EXAMPLES and (value < 1 or value != int(value)):
+            return "num-examples is not a positive integer"
+    return ""
+
+
 def layout_problem(record: ArrayRecord, expected: Mapping[str, tuple]) -> str | None:
     """Why ``record`` is not a set of shared parameters (``expected``: name -> (shape,
     dtype)), or None: the reply check every aggregating strategy applies before values."""

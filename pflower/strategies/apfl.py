@@ -31,6 +31,7 @@ fine-tuned for ``finetune-epochs`` with w fixed before it is evaluated.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal
 
@@ -52,6 +53,8 @@ from pflower.wire import NUM_EXAMPLES, PHASE, PRETRAIN, ClientUpdate
 
 if TYPE_CHECKING:
     from pflower.config import Config
+
+log = logging.getLogger("flwr.pflower")
 
 # --- wire contract: shares the whole global copy w (reply ``arrays``); the config record
 # carries APFL's own round number (pre-training rounds excluded: the step schedule's t0);
@@ -108,10 +111,18 @@ class APFLClient(ClientHalf):
     def _state(self, job: ClientJob) -> tuple[dict[str, torch.Tensor], float, int] | None:
         names = _names(job.model)
         v = load_matching(job.store, V_KEY, splits.get_tensors(job.model, names))
-        extra = job.store.load(ALPHA_KEY)
+        template = {
+            "alpha": torch.zeros(1, dtype=torch.float64),
+            "steps": torch.zeros(1, dtype=torch.int64),
+        }
+        extra = load_matching(job.store, ALPHA_KEY, template)
         if v is None or extra is None:
             return None
-        return v, float(extra["alpha"]), int(extra["steps"])
+        alpha, steps = float(extra["alpha"]), int(extra["steps"])
+        if not 0 <= alpha <= 1 or steps < 0:  # a state no APFL step can have produced
+            log.warning("stored APFL state alpha = %s, steps = %s: re-initialising", alpha, steps)
+            return None
+        return v, alpha, steps
 
     def _save(self, job: ClientJob, v: dict[str, torch.Tensor], alpha: float, steps: int):
         job.store.save(V_KEY, {n: t.detach().cpu() for n, t in v.items()})

@@ -39,7 +39,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator
-from pflower.wire import layout_problem
+from pflower.wire import layout_problem, metrics_problem
 
 # A child of Flower's logger, so the records go wherever Flower's go (console, `flwr log`).
 log = logging.getLogger("flwr.pflower")
@@ -88,8 +88,11 @@ class RobustAggregation:
             if problem:
                 self._drop(node, problem)
                 continue
-            if not np.isfinite(metrics[0].get(self.weighted_by_key, np.nan)):
-                self._drop(node, f"metric {self.weighted_by_key!r} missing or not finite")
+            problem = metrics_problem(metrics[0], (self.weighted_by_key,))
+            if not problem and not metrics[0][self.weighted_by_key] > 0:
+                problem = f"metric {self.weighted_by_key!r} is not positive"
+            if problem:
+                self._drop(node, problem)
                 continue
             row, i = X[len(kept)].numpy(), 0
             for name, shape, _ in layout:
@@ -120,6 +123,10 @@ class RobustAggregation:
             log.warning("round %d: no usable reply", server_round)
             return None, None
         n = len(kept)
+        problem = self.aggregator.problem(n, 0)
+        if problem:  # too few replies left for the rule: skip the round, keep the model
+            log.warning("round %d: skipped, the model is unchanged: %s", server_round, problem)
+            return None, None
         f = min(self.byzantine, max(0, self.aggregator.max_byzantine(n)))
         if f < self.byzantine:
             log.warning(

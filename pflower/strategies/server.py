@@ -63,6 +63,7 @@ from pflower.wire import (
     TRAIN,
     ClientUpdate,
     layout_problem,
+    metrics_problem,
 )
 
 if TYPE_CHECKING:
@@ -70,6 +71,10 @@ if TYPE_CHECKING:
 
 # A child of Flower's logger, so our records go wherever Flower's go (console, `flwr log`).
 log = logging.getLogger("flwr.pflower")
+
+
+#: without ``max_num_examples``: a claim above this many times the round's median is a lie
+NUM_EXAMPLES_FACTOR = 100
 
 
 class RoundSkipped(Exception):
@@ -143,9 +148,10 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         0 turns the bound off. One finite but huge reply can then neither set the mean nor a
         server Adam's moments.
     max_num_examples : int (default: 0)
-        Drop a reply claiming more training examples than this (0: no cap). Independently,
-        a node's claim must equal what it reported at start-up (when the strategy asked) or
-        in its first accepted reply: a node's training set does not change during a run.
+        Drop a reply claiming more training examples than this; 0: more than 100 times the
+        round's median claim (rounds of 3 replies or more). Independently, a node's claim
+        must equal what it reported at start-up (when the strategy asked) or in its first
+        accepted reply: a node's training set does not change during a run.
     min_available_nodes : int (default: 1)
         Wait until this many nodes are connected before sampling.
 
@@ -234,6 +240,7 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         self.query_num_train = False  # ask every node for its num-train at start-up too
         self.extra_reply_keys: tuple[str, ...] = ()  # records a reply carries besides reply_key
         self._current: ArrayRecord = ArrayRecord()
+        self._asked: set[int] = set()  # the nodes of the round's messages
         self._round_start = 0.0
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -355,6 +362,7 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         if server_round == self.pretrain_rounds + 1:
             self.check_robust(len(nodes))
         log.info("round %d: training on %d nodes", server_round, len(nodes))
+        self._asked = set(nodes)
         settings = {**dict(config), **self.train_config(server_round)}
         return self._messages(server_round, nodes, arrays, settings, MessageType.TRAIN)
 
@@ -362,16 +370,25 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         return server_round == self.num_rounds or server_round % self.evaluate_every == 0
 
     def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
+        self._asked = set()
         if not self.should_evaluate(server_round):
             return []
         if not self.pretraining(server_round):
             arrays = self._split_after_pretraining(arrays)
         final = server_round == self.num_rounds
         nodes = self.sample(grid, self.fraction_evaluate, everyone=final)
+        self._asked = set(nodes)
         settings = {**dict(config), **self.schedule(server_round), FINAL: final}
         return self._messages(server_round, nodes, arrays, settings, MessageType.EVALUATE)
 
     # --- reply checks ----------------------------------------------------------------------
+    def _count_silent(self, server_round: int, replies: list[Message]) -> None:
+        """Count as dropped the nodes asked this round that sent nothing back (Flower's
+        grid returns only the replies that arrived within ``timeout``)."""
+        answered = {msg.metadata.src_node_id for msg in replies}
+        for node in sorted(self._asked - answered):
+            self._drop(server_round, node, "no reply within the round timeout")
+
     def _drop(self, server_round: int, node_id: int, reason: str) -> None:
         dropped = self._log(server_round).dropped
         dropped[reason] = dropped.get(reason, 0) + 1
@@ -388,23 +405,10 @@ class PersonalizedStrategy(NodeSampling, Strategy):
             self._drop(server_round, node, f"expected one MetricRecord, got {len(records)}")
             return None
         metrics = dict(next(iter(records.values())))
-        for key in required:
-            if key not in metrics:
-                self._drop(server_round, node, f"metric {key!r} missing")
-                return None
-        for key, value in metrics.items():  # every metric: a finite number in its range
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                self._drop(server_round, node, f"metric {key!r} is not a number")
-                return None
-            if not np.isfinite(value):
-                self._drop(server_round, node, f"metric {key!r} is not finite")
-                return None
-            if key.endswith("accuracy") and not 0 <= value <= 1:
-                self._drop(server_round, node, f"metric {key!r} = {value} outside [0, 1]")
-                return None
-            if key == NUM_EXAMPLES and (value < 1 or value != int(value)):
-                self._drop(server_round, node, "num-examples is not a positive integer")
-                return None
+        problem = metrics_problem(metrics, tuple(required))
+        if problem:
+            self._drop(server_round, node, problem)
+            return None
         return metrics
 
     def check_train_replies(
@@ -457,8 +461,17 @@ class PersonalizedStrategy(NodeSampling, Strategy):
     def bound_updates(
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> list[ClientUpdate]:
-        """Drop (and count) the replies whose update norm exceeds ``max_update_norm``
-        times the round's median (3 replies or more)."""
+        """Drop (and count) the replies whose ``num-examples`` (without ``max_num_examples``)
+        or update norm exceed a multiple of the round's median (3 replies or more)."""
+        if len(updates) >= 3 and not self.max_num_examples:  # claims far above the median
+            cap = NUM_EXAMPLES_FACTOR * float(np.median([u.num_examples for u in updates]))
+            for u in [u for u in updates if u.num_examples > cap]:
+                self._drop(
+                    server_round,
+                    u.node_id,
+                    f"num-examples {u.num_examples:g} > {NUM_EXAMPLES_FACTOR} x round median",
+                )
+            updates = [u for u in updates if u.num_examples <= cap]
         if not self.max_update_norm or len(updates) < 3:
             return updates
         weights = self.pretraining(server_round) or self.reply_key == ARRAYS
@@ -576,6 +589,7 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         self, server_round, replies
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
+        self._count_silent(server_round, replies)
         updates = self.check_train_replies(server_round, replies)
         current = {k: a.numpy() for k, a in self._current.items()}
         updates = self.simulate_omniscient(server_round, current, updates)
@@ -614,6 +628,8 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         return arrays, MetricRecord(metrics)
 
     def aggregate_evaluate(self, server_round, replies) -> MetricRecord | None:
+        replies = list(replies)
+        self._count_silent(server_round, replies)
         rows = []
         for msg in replies:
             metrics = self._metrics(server_round, msg, [NUM_EXAMPLES, "personal-loss"])

@@ -208,9 +208,15 @@ def _load_disk(path: str) -> datasets.Dataset:
         parts = {side: _load_disk(str(p / side)) for side in ("train", "test")}
         return _pooled(parts["train"], parts["test"])
     parquet = sorted(p.glob("*.parquet")) if p.is_dir() else [p] if p.suffix == ".parquet" else []
-    if parquet:
-        return datasets.Dataset.from_parquet([str(f) for f in parquet])
-    loaded = datasets.load_from_disk(str(p))
+    try:
+        if parquet:
+            return datasets.Dataset.from_parquet([str(f) for f in parquet])
+        loaded = datasets.load_from_disk(str(p))
+    except Exception as err:  # noqa: BLE001 - Arrow/IO errors name neither key nor path
+        raise ValueError(
+            f"key 'dataset' = 'disk:{path}': cannot read {p} as parquet files or a "
+            f"save_to_disk directory ({type(err).__name__}: {err})"
+        ) from err
     if isinstance(loaded, datasets.DatasetDict):
         if "train" in loaded and "test" in loaded:
             return _pooled(loaded["train"], loaded["test"])

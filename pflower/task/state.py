@@ -53,6 +53,9 @@ class DirectoryStore:
         path = self.path(key)
         if not path.exists():
             return None
+        if not path.is_file():
+            log.warning("personal state %s is not a file; re-initialising", path)
+            return None
         try:
             loaded = torch.load(path, map_location="cpu", weights_only=True)
             if not isinstance(loaded, dict) or not all(
@@ -66,6 +69,10 @@ class DirectoryStore:
 
     def save(self, key: str, tensors: Mapping[str, torch.Tensor]) -> None:
         path = self.path(key)
+        if path.exists() and not path.is_file():  # e.g. a directory in the file's place
+            aside = path.with_name(f"{path.name}.not-a-file-{os.getpid()}")
+            log.warning("personal state %s is not a file; moved aside to %s", path, aside)
+            path.rename(aside)
         fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
@@ -81,17 +88,22 @@ class DirectoryStore:
 def load_matching(
     store: Store, key: str, template: Mapping[str, torch.Tensor]
 ) -> dict[str, torch.Tensor] | None:
-    """Load ``key`` if it has exactly the template's names and shapes; otherwise ``None``.
+    """Load ``key`` if it has exactly the template's names, shapes and dtypes and finite
+    values; otherwise ``None``.
 
-    A mismatch (another model or split than the one that saved the state) is reported and
-    treated as no state, so the algorithm initialises afresh.
+    A mismatch (another model or split than the one that saved the state, a file edited
+    or corrupted to NaN) is reported and treated as no state, so the algorithm initialises
+    afresh.
     """
     loaded = store.load(key)
     if loaded is None:
         return None
-    expected = {n: tuple(t.shape) for n, t in template.items()}
-    found = {n: tuple(t.shape) for n, t in loaded.items()}
+    expected = {n: (tuple(t.shape), t.dtype) for n, t in template.items()}
+    found = {n: (tuple(t.shape), t.dtype) for n, t in loaded.items()}
     if expected != found:
         log.warning("stored state %r does not match this model/split; re-initialising", key)
+        return None
+    if not all(torch.isfinite(t).all() for t in loaded.values() if t.is_floating_point()):
+        log.warning("stored state %r holds NaN or Inf; re-initialising", key)
         return None
     return loaded
