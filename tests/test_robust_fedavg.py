@@ -35,10 +35,17 @@ def quickstart_app(bad: dict[int, str]) -> ClientApp:
             new = np.zeros(w.size + 1, w.dtype)
         elif kind == "raise":
             raise RuntimeError("device fell over")
+        metrics = {"num-examples": 10 + pid}
+        if kind == "list-count":
+            metrics = {"num-examples": [10, 20]}
+        elif kind == "list-metric":
+            metrics["train-loss"] = [0.1, 0.2]
+        elif kind == "zero-count":
+            metrics = {"num-examples": 0}
         content = RecordDict(
             {
                 "arrays": ArrayRecord({"w": Array(new.astype(w.dtype))}),
-                "metrics": MetricRecord({"num-examples": 10 + pid}),
+                "metrics": MetricRecord(metrics),
             }
         )
         return Message(content=content, reply_to=msg)
@@ -88,3 +95,22 @@ def test_malformed_replies_are_dropped_and_counted_and_the_run_goes_on():
 def test_negative_byzantine_is_refused():
     with pytest.raises(ValueError, match="byzantine"):
         RobustFedAvg(aggregator=Mean(), byzantine=-1)
+
+
+def test_malformed_counts_and_metrics_are_dropped_not_a_crash():
+    strategy = RobustFedAvg(aggregator=make_aggregator("median"), fraction_evaluate=0.0)
+    w = run(strategy, {0: "list-count", 1: "list-metric", 2: "zero-count"}, rounds=2)
+    assert np.isfinite(w).all()
+    assert strategy.dropped == {
+        "metric 'num-examples' is not a number": 2,
+        "metric 'train-loss' is not a number": 2,
+        "num-examples is not a positive integer": 2,
+    }
+
+
+def test_a_round_with_too_few_replies_for_the_rule_is_skipped():
+    """Krum needs 3 replies; 6 of 8 nodes send NaN: each round is skipped, w unchanged."""
+    strategy = RobustFedAvg(aggregator=make_aggregator("krum"), fraction_evaluate=0.0)
+    w = run(strategy, {i: "nan" for i in range(6)}, rounds=2)
+    np.testing.assert_array_equal(w, np.full(4, 5.0, np.float32))
+    assert strategy.dropped == {"non-finite values": 12}

@@ -126,7 +126,7 @@ class RobustAggregation:
         problem = self.aggregator.problem(n, 0)
         if problem:  # too few replies left for the rule: skip the round, keep the model
             log.warning("round %d: skipped, the model is unchanged: %s", server_round, problem)
-            return None, None
+            return self._current, None
         f = min(self.byzantine, max(0, self.aggregator.max_byzantine(n)))
         if f < self.byzantine:
             log.warning(

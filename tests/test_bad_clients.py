@@ -1,0 +1,332 @@
+"""A bad client never stops, steers or spies on the run: bounded replies, crash-free
+aggregation, refusal at the door, stored state that cannot wedge a client."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.clientapp import ClientApp
+from helpers import job_for
+
+from pflower.client_app import build_client_app
+from pflower.config import Config, ConfigError
+from pflower.experiments.local_grid import LocalGrid, run_local
+from pflower.strategies import ALGORITHMS, FedAvg
+from pflower.strategies.aggregators import make_aggregator
+from pflower.strategies.apfl import ALPHA_KEY, V_KEY, APFLClient
+from pflower.strategies.fedalt import HEAD_ALIASES
+from pflower.task.state import DirectoryStore
+
+RUN = {
+    "dataset": "digits",
+    "model": "mlp",
+    "partitioner": "iid",
+    "batch-size": 64,
+    "finetune-epochs": 1,
+    "pretrain-rounds": 0,
+    "num-server-rounds": 2,
+    "evaluate-every": 2,
+    "fraction-train": 1.0,
+    "outputs-dir": "/tmp/pflower-test-outputs",
+}
+NODES = 5
+
+
+def tampering_app(overrides, tamper_train=None, tamper_evaluate=None) -> ClientApp:
+    """pflower's ClientApp whose replies ``tamper_*(partition, round, reply)`` may change."""
+    honest = build_client_app(overrides)
+    app = ClientApp()
+
+    def round_of(msg: Message) -> int:
+        return int(msg.content["config"].get("server-round", 0))
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        reply = honest(msg, context)
+        if tamper_train:
+            tamper_train(int(context.node_config["partition-id"]), round_of(msg), reply)
+        return reply
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        reply = honest(msg, context)
+        if tamper_evaluate:
+            tamper_evaluate(int(context.node_config["partition-id"]), round_of(msg), reply)
+        return reply
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        return honest(msg, context)
+
+    return app
+
+
+def reasons(report) -> Counter:
+    """Drops over the run by reason, numbers stripped (``update norm 1e+31 > ...``)."""
+    out: Counter = Counter()
+    for entry in report.rounds:
+        for reason, count in entry.dropped.items():
+            out[reason.split(" ")[0] + " " + reason.split(" ")[1]] += count
+    return out
+
+
+def shared_equal(a, b) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def set_everywhere(value):
+    def tamper(pid, rnd, reply):
+        if pid == 0:
+            key = next(k for k in ("arrays", "delta", "gradient") if k in reply.content)
+            record = reply.content[key]
+            reply.content[key] = ArrayRecord(
+                {k: Array(np.full_like(a.numpy(), value)) for k, a in record.items()}
+            )
+
+    return tamper
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedalt", "ffgg", "pflego"])
+def test_one_huge_finite_reply_is_dropped_and_steers_nothing(algorithm):
+    """1e30 everywhere: finite, so it passes the NaN check; the update-norm bound drops it,
+    and the run equals the one in which that node never answered."""
+    run = {**RUN, "algorithm": algorithm}
+    bad = run_local(run, NODES, client_app=tampering_app(run, set_everywhere(1e30)))
+    silent_grid = LocalGrid(build_client_app(run), NODES, silent=[0])
+    from pflower.server_app import run as run_on
+
+    silent = run_on(silent_grid, Config.from_run_config(run))
+    assert reasons(bad)["update norm"] == 2  # once per round
+    assert reasons(silent)["no reply"] >= 2
+    assert all(np.isfinite(v).all() for v in bad.shared.values())
+    if algorithm != "pflego":  # PFLEGO's alpha counts the examples of the nodes that answer
+        assert shared_equal(bad.shared, silent.shared)
+    else:  # server Adam: its moments never saw the huge gradient
+        assert max(float(np.abs(v).max()) for v in bad.shared.values()) < 10
+
+
+def test_a_lie_about_num_examples_is_dropped():
+    run = {**RUN, "algorithm": "fedavg"}
+
+    def inflate(pid, rnd, reply):
+        if pid == 0:
+            reply.content["metrics"]["num-examples"] = 10**12
+        if pid == 1 and rnd == 2:  # a node whose data set "changes" between rounds
+            reply.content["metrics"]["num-examples"] += 1
+
+    bad = run_local(run, NODES, client_app=tampering_app(run, inflate))
+    drops = Counter(r for e in bad.rounds for r in e.dropped)
+    assert sum(n for r, n in drops.items() if "x round median" in r) == 2
+    assert sum(n for r, n in drops.items() if "differs from the" in r) == 1
+    capped = run_local({**run, "max-num-examples": 1000}, NODES, tampering_app(run, inflate))
+    assert reasons(capped)["num-examples 1e+12"] == 2  # above max-num-examples
+
+
+def test_bad_evaluate_replies_are_dropped_and_the_summary_stays_sane():
+    run = {**RUN, "algorithm": "fedalt"}
+
+    def spoil(pid, rnd, reply):
+        metrics = reply.content["metrics"]
+        if pid == 0:
+            del metrics["personal-accuracy"]
+        elif pid == 1:
+            metrics["personal-accuracy"] = 1e6
+        elif pid == 2:
+            metrics["global-accuracy"] = float("nan")
+
+    report = run_local(run, NODES, client_app=tampering_app(run, None, spoil))
+    assert report.final["clients"] == NODES - 3
+    assert 0 <= report.final["personal-accuracy"] <= 1
+    drops = Counter(r for e in report.rounds for r in e.dropped)
+    assert drops["metric 'personal-accuracy' missing"] == 1
+    assert drops["metric 'personal-accuracy' = 1000000.0 outside [0, 1]"] == 1
+    assert drops["metric 'global-accuracy' is not finite"] == 1
+
+
+def test_krum_round_with_too_few_replies_is_skipped_not_a_crash():
+    run = {**RUN, "algorithm": "ffgg", "robust-aggregator": "krum"}
+    nan = set_everywhere(np.nan)
+
+    def two_nan(pid, rnd, reply):  # nodes 0 and 1: 2 of 4 replies left, Krum needs 3
+        if pid < 2:
+            nan(0, rnd, reply)
+
+    report = run_local(run, 4, client_app=tampering_app(run, two_nan))
+    assert [e.train.get("skipped") for e in report.rounds] == [1, 1]
+    assert reasons(report)["non-finite values"] == 4
+
+
+def test_multi_krum_with_m_above_n_minus_f_is_refused_at_start():
+    strategy = FedAvg(robust=make_aggregator("multi-krum", m=18), byzantine=3)
+    with pytest.raises(ValueError, match="robust-krum-m.*m must be at most N - f = 17"):
+        strategy.check_robust(20)
+    FedAvg(robust=make_aggregator("multi-krum", m=17), byzantine=3).check_robust(20)
+    with pytest.raises(ValueError, match="krum cannot combine 2 inputs"):
+        FedAvg(robust=make_aggregator("krum")).check_robust(2)
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    [a for a in ALGORITHMS if a not in HEAD_ALIASES and a not in ("br-ffgg", "async-ffgg")],
+)
+def test_no_stored_personal_value_appears_in_any_reply(algorithm):
+    """Every metric of every reply against every value the clients keep in their stores
+    (personal parameters, APFL's v and alpha, Scaffold's c_i, ...): none is equal."""
+    run = {**RUN, "algorithm": algorithm, "evaluate-every": 1, "ffgg-init": "stored"}
+    if algorithm == "l2gd":
+        run["local-steps"] = 2
+    seen: list[float] = []
+
+    def record(pid, rnd, reply):
+        seen.extend(float(v) for v in reply.content["metrics"].values())
+
+    app = tampering_app(run, record, record)
+    grid = LocalGrid(app, 3)
+    from pflower.server_app import run as run_on
+
+    run_on(grid, Config.from_run_config(run))
+    stored = set()
+    for context in grid.contexts.values():
+        for key, item in context.state.items():
+            if key.startswith("pflower.") and isinstance(item, ArrayRecord):
+                for array in item.values():
+                    values = array.numpy().astype(np.float64).ravel()
+                    stored |= {v for v in values.tolist() if v != int(v)}  # not counters
+    leaked = stored & set(seen)
+    assert not leaked, (algorithm, sorted(leaked)[:3])
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("seed", -1, "'seed' = -1: input should be greater than or equal to 0"),
+        ("lr", float("inf"), "'lr' = inf: input should be a finite number"),
+        ("server-lr", float("nan"), "'server-lr' = nan"),
+        ("max-update-norm", 0.5, "'max-update-norm' = 0.5"),
+    ],
+)
+def test_degenerate_values_are_refused_at_start(key, value, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        Config.from_run_config({key: value})
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"algorithm": "fedalt", "split": "full"}, "'split' = 'full': leaves no shared"),
+        ({"algorithm": "fedsim", "split-patterns": "*"}, "'split-patterns' = '\\*'"),
+        ({"algorithm": "ffgg", "split": "none"}, "'split' = 'none': leaves no personal"),
+        ({"algorithm": "pflego", "split": "none"}, "leaves no personal"),
+    ],
+)
+def test_splits_that_leave_nothing_to_federate_or_personalize_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        run_local({**RUN, **overrides}, 2)
+
+
+def test_unreadable_disk_data_names_the_key_and_the_path(tmp_path):
+    from pflower.task.data import load_client_data
+
+    (tmp_path / "part-0.parquet").write_bytes(b"not parquet at all")
+    cfg = Config.from_run_config({"dataset": f"disk:{tmp_path}", "partitioner": "iid"})
+    with pytest.raises(ValueError, match=f"key 'dataset' = 'disk:{tmp_path}': cannot read"):
+        load_client_data(cfg, 0, 2)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda t: {k: torch.full_like(v, float("nan")) for k, v in t.items()},
+        lambda t: {k: v.to(torch.int64) for k, v in t.items()},
+    ],
+    ids=["nan", "integer"],
+)
+def test_broken_personal_state_means_a_fresh_start(tmp_path, bad):
+    job = job_for({"algorithm": "fedalt"})
+    job.store = DirectoryStore(tmp_path)
+    job.store.save("personal", bad(job.init_personal))
+    assert job.restore_personal() is False
+    personal = {k: t for k, t in job.model.state_dict().items() if k in job.init_personal}
+    assert all(torch.equal(personal[k], job.init_personal[k]) for k in personal)
+
+
+def test_a_directory_in_place_of_the_state_file_is_moved_aside(tmp_path):
+    store = DirectoryStore(tmp_path)
+    (tmp_path / "personal.pt").mkdir()
+    assert store.load("personal") is None
+    store.save("personal", {"w": torch.ones(2)})
+    assert torch.equal(store.load("personal")["w"], torch.ones(2))
+
+
+@pytest.mark.parametrize(
+    "alpha",
+    [
+        {"alpha": torch.tensor([2.0], dtype=torch.float64), "steps": torch.tensor([3])},
+        {"alpha": torch.tensor([0.5], dtype=torch.float32), "steps": torch.tensor([3])},
+        {"alpha": torch.tensor([float("nan")], dtype=torch.float64), "steps": torch.tensor([1])},
+        {"steps": torch.tensor([3])},
+    ],
+    ids=["out-of-range", "dtype", "nan", "missing"],
+)
+def test_a_broken_apfl_alpha_is_reinitialised(alpha):
+    job = job_for({"algorithm": "apfl"})
+    half = APFLClient()
+    half.train(job, {"lr": 0.05, "apfl-round": 1})
+    job.store.save(ALPHA_KEY, alpha)
+    assert half._state(job) is None  # a fresh start, not a failure every round
+    half.train(job, {"lr": 0.05, "apfl-round": 2})
+    v, a, steps = half._state(job)
+    assert 0 <= a <= 1 and job.store.load(V_KEY) is not None
+
+
+def test_numpy_client_matches_arrays_by_name():
+    from pflower.numpy_client import PersonalizedNumPyClient, numpy_client_app
+
+    job = job_for({**RUN, "algorithm": "fedalt"})
+
+    def client_fn(context):
+        return PersonalizedNumPyClient(
+            job.model,
+            job.split,
+            job.train_loader,
+            job.test_loader,
+            "fedalt",
+            run_config={"lr": 0.05},
+            state=context.state,
+        )
+
+    app = numpy_client_app(client_fn)
+    shared = {k: v.detach().numpy().copy() for k, v in job.model.named_parameters()}
+    names = list(job.split.shared)
+
+    def send(arrays: dict) -> Message:
+        config = ConfigRecord({"lr": 0.0, "lr-scale": 0.0, "server-round": 1})
+        content = RecordDict(
+            {"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}), "config": config}
+        )
+        msg = Message(content=content, dst_node_id=1, message_type=MessageType.TRAIN)
+        context = Context(1, 1, {"partition-id": 0, "num-partitions": 1}, RecordDict(), {})
+        return app(msg, context)
+
+    straight = send({k: shared[k] for k in names})
+    swapped = send({k: shared[k] for k in reversed(names)})  # same names, other order
+    for k in names:  # lr 0: each name comes back with its own value, whatever the order
+        np.testing.assert_array_equal(straight.content["arrays"][k].numpy(), shared[k])
+        np.testing.assert_array_equal(swapped.content["arrays"][k].numpy(), shared[k])
+    renamed = {("other" if k == names[0] else k): shared[k] for k in names}
+    with pytest.raises(ValueError, match="split differs"):
+        send(renamed)
+
+
+def test_a_silent_node_is_counted_as_dropped():
+    run = {**RUN, "algorithm": "fedalt"}
+    from pflower.server_app import run as run_on
+
+    grid = LocalGrid(build_client_app(run), NODES, silent=[3])
+    report = run_on(grid, Config.from_run_config(run))
+    # 2 training rounds + 1 evaluation (evaluate-every = 2)
+    assert reasons(report)["no reply"] == 3
