@@ -150,10 +150,17 @@ def _attacked_run(robust: dict, tmp_path):
 
 
 def test_robust_option_keeps_fedavg_working_under_attack(tmp_path):
-    attacked = _attacked_run({}, tmp_path)
-    robust = _attacked_run({"robust-aggregator": "median", "robust-byzantine": 2}, tmp_path)
+    unbounded = {"max-update-norm": 0}  # the update-norm bound off: the plain mean
+    attacked = _attacked_run(unbounded, tmp_path)
+    robust = _attacked_run(
+        {**unbounded, "robust-aggregator": "median", "robust-byzantine": 2}, tmp_path
+    )
     assert robust.final["global-accuracy"] > 0.7  # clean run: 0.86
     assert attacked.final["global-accuracy"] < 0.3
+    # the default bound drops the 1e6 replies before the mean
+    bounded = _attacked_run({}, tmp_path)
+    assert bounded.final["global-accuracy"] > 0.7
+    assert sum(n for r in bounded.rounds for k, n in r.dropped.items() if "norm" in k) == 6
 
 
 def test_byzantine_beyond_the_rule_is_refused_at_the_first_round(tmp_path):
