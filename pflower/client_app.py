@@ -72,7 +72,7 @@ def make_job(cfg: Config, context: Context, server_round: int) -> ClientJob:
     train_loader, test_loader = load_client_data(cfg, partition_id, num_partitions, dtype)
     # Reproducible whatever process runs this client: seed by (seed, client, round).
     salt = (cfg.seed * 1_000_003 + partition_id * 10_007 + server_round) % 2**63
-    torch.manual_seed(salt)
+    torch.manual_seed(salt)  # for a user's model that draws from the global generator
     train_loader.generator.manual_seed(salt)
     return ClientJob(
         cfg=cfg,
@@ -85,6 +85,7 @@ def make_job(cfg: Config, context: Context, server_round: int) -> ClientJob:
         store=open_store(context.state, node),
         device=device,
         init_personal={k: v.clone() for k, v in init_personal.items()},
+        rng_state=torch.Generator().manual_seed(salt).get_state(),
     )
 
 

@@ -123,8 +123,9 @@ def test_local_ffgg_first_pair_is_the_hand_computed_alternating_step():
         loss = F.cross_entropy(model(x), y)
         return dict(zip(names, torch.autograd.grad(loss, [params[n] for n in names])))
 
-    # replay by hand: init, one w-only step (the fine-tuner), then one (w, theta) pair
-    torch.manual_seed(123)
+    # replay by hand: init, one w-only step (the fine-tuner), then one (w, theta) pair;
+    # the random init draws from the message's own stream (job.rng_state): replay it too
+    stream = job.rng_state.clone()
     client.init_personal(job)
     theta0 = {n: params[n].detach().clone() for n in shared}
     for _ in range(2):  # Alg. 2's single step (w^{r,0}), then w^{r,1} at (theta^{r,0}, w^{r,0})
@@ -138,7 +139,7 @@ def test_local_ffgg_first_pair_is_the_hand_computed_alternating_step():
     for n in shared:  # back to the start, then the real client
         with torch.no_grad():
             params[n].copy_(theta0[n])
-    torch.manual_seed(123)
+    job.rng_state = stream
     record, metrics = client.train(job, {"lr": 0.3, "lr-scale": 1.0})
     delta = record.to_torch_state_dict()
     for n in shared:

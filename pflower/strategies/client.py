@@ -5,6 +5,7 @@ all algorithms). Imports nothing from the server side.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,7 @@ from torch.utils.data import DataLoader
 
 from pflower.task import split as splits
 from pflower.task import train as training
+from pflower.task.models import GLOBAL_RNG
 from pflower.task.state import Store, load_matching
 from pflower.wire import (
     ARRAYS,
@@ -60,12 +62,29 @@ class ClientJob:
     received: dict[str, ArrayRecord] = field(default_factory=dict)
     #: the message's config record (round, phase, the schedule's ``lr`` and ``lr-scale``...)
     config: Mapping = field(default_factory=dict)
+    #: this job's stream of torch's global generator (``global_rng``), seeded per message
+    rng_state: torch.Tensor | None = None
     #: whether ``restore_personal`` found stored state (reported as ``personal-restored``)
     restored: bool = False
 
     @property
     def num_train(self) -> int:
         return len(self.train_loader.dataset)
+
+    @contextlib.contextmanager
+    def global_rng(self):
+        """Torch's global generator continuing this job's own stream inside (for code that
+        cannot take a generator, e.g. a layer's ``reset_parameters``): a client draws the same
+        numbers whether other clients run beside it in threads or not."""
+        with GLOBAL_RNG:
+            outside = torch.get_rng_state()
+            if self.rng_state is not None:
+                torch.set_rng_state(self.rng_state)
+            try:
+                yield
+            finally:
+                self.rng_state = torch.get_rng_state()
+                torch.set_rng_state(outside)
 
     @property
     def lr(self) -> float:

@@ -214,7 +214,8 @@ def reset_personal(job: ClientJob) -> None:
     for name, module in job.model.named_modules():
         own = [f"{name}.{n}" if name else n for n, _ in module.named_parameters(recurse=False)]
         if any(n in personal for n in own) and hasattr(module, "reset_parameters"):
-            module.reset_parameters()
+            with job.global_rng():  # this message's seed, whatever runs beside it
+                module.reset_parameters()
     splits.set_tensors(job.model, shared)  # a layer with shared parameters too keeps them
 
 

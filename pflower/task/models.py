@@ -13,9 +13,11 @@ initialisation, so every client (and the server) builds identical adapters.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import math
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -115,6 +117,20 @@ def _resnet18_gn(in_channels: int, num_classes: int, adapters: bool) -> nn.Modul
     return model
 
 
+#: torch's global generator is one per process; code that must draw from it (a layer's
+#: ``reset_parameters``, a seeded model build) holds this lock, so that clients trained side
+#: by side in threads (``LocalGrid(workers=...)``) draw exactly what they draw alone.
+GLOBAL_RNG = threading.RLock()
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """Torch's global generator seeded with ``seed`` inside, restored after; thread-safe."""
+    with GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
 def build_model(
     name: str,
     input_shape: Sequence[int],
@@ -138,8 +154,7 @@ def build_model(
     if adapters and name == "logreg":
         raise ValueError("model 'logreg' has no hidden layer, so no adapters: choose another split")
     flat = math.prod(shape)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed):
         if name == "logreg":
             model: nn.Module = nn.Sequential(nn.Flatten(), nn.Linear(flat, num_classes))
         elif name == "mlp":  # APFL's MLP 2x200
@@ -210,8 +225,7 @@ def build_user_model(
         accepted = {}
     takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
     kwargs = {k: v for k, v in offered.items() if takes_any or k in accepted}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed):
         model = factory(**kwargs)
     if not isinstance(model, nn.Module):
         raise ValueError(
