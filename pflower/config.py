@@ -158,7 +158,9 @@ class RunSettings(Settings):
     fraction_train: float = Field(0.5, alias="fraction-train", gt=0, le=1)
     fraction_evaluate: float = Field(1.0, alias="fraction-evaluate", gt=0, le=1)
     evaluate_every: int = Field(5, alias="evaluate-every", ge=1)
-    round_timeout: float = Field(3600.0, alias="round-timeout", gt=0)
+    #: seconds to wait for a round's replies; 0: as long as the work needs (600 s for the
+    #: first round, then 10 x the slowest complete round so far, at least 120 s)
+    round_timeout: float = Field(0.0, alias="round-timeout", ge=0)
     holdout_fraction: float = Field(0.0, alias="holdout-fraction", ge=0, lt=1)
 
     # --- local optimisation ----------------------------------------------------------------

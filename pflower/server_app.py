@@ -84,7 +84,7 @@ def run(grid: Grid, cfg: Config) -> report.RunReport:
         grid=grid,
         initial_arrays=ArrayRecord(tensors),
         num_rounds=cfg.total_rounds,
-        timeout=cfg.round_timeout,
+        timeout=cfg.round_timeout or None,  # 0: RoundDeadline
         evaluate_fn=checkpointing(cfg, out, server_evaluation(cfg, strategy, grid)),
     )
     result = report.RunReport(

@@ -330,3 +330,36 @@ def test_a_silent_node_is_counted_as_dropped():
     report = run_on(grid, Config.from_run_config(run))
     # 2 training rounds + 1 evaluation (evaluate-every = 2)
     assert reasons(report)["no reply"] == 3
+
+
+def test_round_deadline_follows_the_work():
+    """round-timeout 0 (the default): the first exchange may take 600 s, later ones 10 x the
+    slowest complete exchange so far (at least 120 s); explicit timeouts pass through."""
+    from pflower.strategies.nodes import RoundDeadline
+
+    class Recorder:
+        def __init__(self):
+            self.timeouts, self.answer = [], True
+
+        def send_and_receive(self, messages, *, timeout):
+            self.timeouts.append(timeout)
+            return list(messages) if self.answer else []
+
+        def get_node_ids(self):
+            return [1, 2]
+
+    grid = Recorder()
+    deadline = RoundDeadline(grid)
+    deadline.send_and_receive(["a", "b"])
+    assert grid.timeouts[-1] == 600.0 and deadline.slowest is not None
+    deadline.slowest = 30.0  # a slow round seen
+    grid.answer = False  # an exchange with a dead node: does not lengthen the deadline
+    deadline.send_and_receive(["a", "b"])
+    assert grid.timeouts[-1] == 300.0 and deadline.slowest == 30.0
+    deadline.slowest = 1.0
+    deadline.send_and_receive(["a"])
+    assert grid.timeouts[-1] == 120.0  # the floor
+    deadline.send_and_receive(["a"], timeout=5.0)
+    assert grid.timeouts[-1] == 5.0
+    assert deadline.get_node_ids() == [1, 2]
+    assert Config.from_run_config({}).round_timeout == 0.0

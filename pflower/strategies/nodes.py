@@ -20,6 +20,38 @@ from pflower.wire import CONFIG, METRICS, QUERY
 log = logging.getLogger("flwr.pflower")
 
 
+class RoundDeadline:
+    """A ``Grid`` whose exchanges without an explicit timeout wait as long as the work
+    needs: ``first`` seconds for the first (start-up, data loading), then ``factor`` times the
+    slowest complete exchange so far, at least ``floor`` seconds. A node that died then costs
+    a round about ten times its normal length, not an hour. Everything else is the grid's."""
+
+    def __init__(
+        self, grid: Grid, first: float = 600.0, factor: float = 10.0, floor: float = 120.0
+    ) -> None:
+        self.grid, self.first, self.factor, self.floor = grid, first, factor, floor
+        self.slowest: float | None = None
+
+    def __getattr__(self, name: str):
+        return getattr(self.grid, name)
+
+    @property
+    def limit(self) -> float:
+        if self.slowest is None:
+            return self.first
+        return max(self.floor, self.factor * self.slowest)
+
+    def send_and_receive(self, messages, *, timeout: float | None = None):
+        messages = list(messages)
+        if timeout is not None:
+            return self.grid.send_and_receive(messages, timeout=timeout)
+        started = time.monotonic()
+        replies = list(self.grid.send_and_receive(messages, timeout=self.limit))
+        if messages and len(replies) == len(messages):  # a complete exchange: its length
+            self.slowest = max(self.slowest or 0.0, time.monotonic() - started)
+        return replies
+
+
 class NodeSampling:
     """Which nodes exist, which partition each holds, and who is sampled each round."""
 

@@ -45,7 +45,7 @@ from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.combine import robust_aggregator, weighted_mean
 from pflower.strategies.history import RoundLog, summarize_clients, weighted_mean_metrics
-from pflower.strategies.nodes import NodeSampling
+from pflower.strategies.nodes import NodeSampling, RoundDeadline
 from pflower.strategies.server_opt import ServerOptimizer, client_lr
 from pflower.wire import (
     ARRAYS,
@@ -253,6 +253,8 @@ class PersonalizedStrategy(NodeSampling, Strategy):
             )
         self.num_rounds = num_rounds
         self.history = []
+        if not kwargs.get("timeout"):  # 0 / None: each round waits as long as the work needs
+            grid, kwargs["timeout"] = RoundDeadline(grid), None
         # as long as a round may take: a busy machine can start its nodes slowly
         self.learn_partitions(grid, timeout=kwargs.get("timeout") or 3600.0)
         return super().start(grid, initial_arrays, num_rounds=num_rounds, **kwargs)
