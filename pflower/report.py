@@ -14,16 +14,17 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+if TYPE_CHECKING:
+    from pflower.config import Config
 
-from pflower.config import Config  # noqa: E402
+log = logging.getLogger("flwr.pflower")
 
 
 @dataclasses.dataclass
@@ -99,6 +100,13 @@ def write(report: RunReport, out: Path | None = None) -> Path:
             writer.writeheader()
             for row in sorted(report.clients, key=lambda r: r.get("partition-id", 0)):
                 writer.writerow(row)
+    try:  # plots are the one optional output: the extra 'plots' (in 'app') draws them
+        import matplotlib
+
+        matplotlib.use("Agg")
+    except ImportError:
+        log.warning("pflower: no plots (matplotlib missing: pip install 'pflower[plots]')")
+        return out
     _plot_rounds(report, out / "accuracy.png")
     _plot_clients(report, out / "clients.png")
     if any("grad-norm-mean" in r.train for r in report.rounds):
@@ -115,6 +123,8 @@ def _column_order(key: str) -> tuple[int, str]:
 
 def _plot_rounds(report: RunReport, path: Path) -> None:
     """Test accuracy per evaluated round (test loss for regression problems)."""
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6, 4))
     evaluated = [r for r in report.rounds if r.evaluate]
     metric = "accuracy" if any("personal-accuracy" in r.evaluate for r in evaluated) else "loss"
@@ -139,6 +149,8 @@ def _plot_rounds(report: RunReport, path: Path) -> None:
 
 
 def _plot_clients(report: RunReport, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6, 4))
     metric = "accuracy" if any("personal-accuracy" in r for r in report.clients) else "loss"
     for which, style in (("personal", "-o"), ("global", "--s")):
@@ -158,6 +170,8 @@ def _plot_clients(report: RunReport, path: Path) -> None:
 
 def _plot_diagnostic(report: RunReport, path: Path) -> None:
     """FFGG's split diagnostic: ||Delta_m|| ~ ||F_m(theta)|| per round (mean and max)."""
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6, 4))
     rounds = [r for r in report.rounds if "grad-norm-mean" in r.train]
     xs = [r.round for r in rounds]
@@ -175,6 +189,8 @@ def _plot_diagnostic(report: RunReport, path: Path) -> None:
 
 def _plot_convergence(report: RunReport, path: Path) -> None:
     """synthetic-linear: ||theta - theta*||^2 and ||F(theta)||^2 per round (closed form)."""
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6, 4))
     rounds = [r for r in report.rounds if "theta-error" in r.server]
     xs = [r.round for r in rounds]

@@ -92,3 +92,15 @@ def test_the_client_protocol_imports_no_server_code():
     for module in ("strategies/client.py", "context_store.py", "task/state.py"):
         found = {m for m in _imports(PKG / module) if m.startswith(server)}
         assert not found, (module, found)
+
+
+def test_the_device_entry_imports_no_heavy_optional_package():
+    """A device imports pflower.client_app: no torchvision, plotting, Ray, or the datasets
+    stack (pyarrow, pandas) until the chosen model or data source needs them."""
+    import subprocess
+    import sys
+
+    heavy = ["torchvision", "matplotlib", "ray", "datasets", "pyarrow", "pandas", "sklearn"]
+    code = f"import sys, pflower.client_app; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

