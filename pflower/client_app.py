@@ -12,7 +12,6 @@ makes it wait that many seconds before each training reply
 from __future__ import annotations
 
 import functools
-import math
 import threading
 import time
 from collections.abc import Mapping
@@ -26,7 +25,7 @@ from pflower.context_store import open_store
 from pflower.experiments import attacks
 from pflower.experiments.stragglers import straggler_delay
 from pflower.strategies import build_run_model, get_algorithm, wire_split
-from pflower.strategies.client import ClientJob
+from pflower.strategies.client import ClientJob, measured
 from pflower.task.data import load_client_data
 from pflower.task.split import Split, get_tensors
 from pflower.task.train import resolve_device
@@ -87,12 +86,6 @@ def make_job(cfg: Config, context: Context, server_round: int) -> ClientJob:
         init_personal={k: v.clone() for k, v in init_personal.items()},
         rng_state=torch.Generator().manual_seed(salt).get_state(),
     )
-
-
-def measured(metrics: Mapping[str, float]) -> dict[str, float]:
-    """The metrics that were measured: a NaN stands for "none" (the loss of zero steps) and
-    is left out, since the server drops a reply with a non-finite metric."""
-    return {k: v for k, v in metrics.items() if math.isfinite(v)}
 
 
 def build_client_app(overrides: Mapping | None = None) -> ClientApp:

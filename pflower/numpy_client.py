@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader
 from pflower.config import Config
 from pflower.context_store import ContextStore
 from pflower.strategies import ALGORITHMS, get_algorithm
-from pflower.strategies.client import ClientJob
+from pflower.strategies.client import ClientJob, measured
 from pflower.task import split as splits
 from pflower.task.state import DirectoryStore
 from pflower.wire import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, PERSONAL_INIT, PHASE, PRETRAIN
@@ -204,7 +204,7 @@ def numpy_client_app(client_fn: Callable[[Context], NumPyClient]) -> ClientApp:
         content = RecordDict(
             {
                 ARRAYS: reply,
-                METRICS: MetricRecord({**_numeric(metrics), NUM_EXAMPLES: num_examples}),
+                METRICS: MetricRecord({**measured(metrics), NUM_EXAMPLES: num_examples}),
             }
         )
         return Message(content=content, reply_to=msg)
@@ -214,7 +214,7 @@ def numpy_client_app(client_fn: Callable[[Context], NumPyClient]) -> ClientApp:
         made = client(msg, context)
         _, arrays, config = parameters(msg, made)
         loss, num_examples, metrics = made.evaluate(arrays, config)
-        out = {**_numeric(metrics), "loss": float(loss), NUM_EXAMPLES: num_examples}
+        out = {**measured(metrics), "loss": float(loss), NUM_EXAMPLES: num_examples}
         return Message(content=RecordDict({METRICS: MetricRecord(out)}), reply_to=msg)
 
     @app.query()
@@ -224,7 +224,3 @@ def numpy_client_app(client_fn: Callable[[Context], NumPyClient]) -> ClientApp:
         return Message(content=RecordDict({METRICS: MetricRecord(answer)}), reply_to=msg)
 
     return app
-
-
-def _numeric(metrics: Mapping) -> dict:
-    return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and np.isfinite(v)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -297,6 +298,17 @@ def _with_config(step):
 
 for _step in ("pretrain", "evaluate"):  # the base class's own steps, as its subclasses'
     setattr(ClientHalf, _step, _with_config(getattr(ClientHalf, _step)))
+
+
+def measured(metrics: Mapping) -> dict[str, float]:
+    """The metrics a reply may carry: finite numbers. A NaN stands for "none" (the loss of
+    zero steps) and is left out, since the server drops a reply with a non-finite metric;
+    so is anything that is not a number (a NumPyClient's own string metrics)."""
+    return {
+        k: v
+        for k, v in metrics.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 def tagged_metrics(which: str, out: Mapping) -> dict[str, float]:
