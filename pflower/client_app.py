@@ -27,6 +27,7 @@ from pflower.experiments.stragglers import straggler_delay
 from pflower.strategies import build_run_model, get_algorithm, wire_split
 from pflower.strategies.client import ClientJob, measured
 from pflower.task.data import load_client_data
+from pflower.task.models import GLOBAL_RNG
 from pflower.task.split import Split, get_tensors
 from pflower.task.train import resolve_device
 from pflower.wire import (
@@ -71,7 +72,8 @@ def make_job(cfg: Config, context: Context, server_round: int) -> ClientJob:
     train_loader, test_loader = load_client_data(cfg, partition_id, num_partitions, dtype)
     # Reproducible whatever process runs this client: seed by (seed, client, round).
     salt = (cfg.seed * 1_000_003 + partition_id * 10_007 + server_round) % 2**63
-    torch.manual_seed(salt)  # for a user's model that draws from the global generator
+    with GLOBAL_RNG:  # never inside another thread's stream (ClientJob.global_rng)
+        torch.manual_seed(salt)  # for a user's model that draws from the global generator
     train_loader.generator.manual_seed(salt)
     return ClientJob(
         cfg=cfg,

@@ -69,3 +69,20 @@ def test_threaded_clients_draw_what_they_draw_alone():
         threaded = run_local(run, 4, workers=2)
         assert all(np.array_equal(alone.shared[k], threaded.shared[k]) for k in alone.shared)
         assert threaded.final["personal-accuracy"] == alone.final["personal-accuracy"]
+
+
+def test_client_loaders_never_draw_from_torchs_global_generator():
+    """A pass over a client's loaders leaves torch's global generator alone: it is another
+    thread's stream while that thread re-initialises layers (``ClientJob.global_rng``)."""
+    import torch
+
+    from pflower.client_app import parse_config
+    from pflower.task.data import load_client_data
+
+    cfg = parse_config(frozenset({"dataset": "digits", "partitioner": "iid"}.items()))
+    train_loader, test_loader = load_client_data(cfg, 0, 4)
+    before = torch.get_rng_state()
+    for loader in (train_loader, test_loader):
+        for _ in loader:
+            pass
+    assert torch.equal(before, torch.get_rng_state())

@@ -494,7 +494,12 @@ def batched(dataset: TensorDataset, batch_size: int, shuffle=False, generator=No
     The default DataLoader fetches examples one by one and stacks them: for the in-memory
     tensors here that cost more than the training step itself (0.2 s per pass over 20 000
     rows). ``loader.generator`` is the shuffling generator: reseeding it reseeds the order.
+    Every loader gets a generator of its own, even unshuffled: each pass draws a base seed
+    from it, and without one that draw would come from torch's global generator, racing a
+    client that runs beside it in a thread (``LocalGrid(workers=k)``) inside its stream.
     """
+    if generator is None:
+        generator = torch.Generator()
     return DataLoader(
         dataset,
         sampler=_IndexBatches(len(dataset), batch_size, shuffle, generator),
