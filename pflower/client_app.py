@@ -28,6 +28,7 @@ from pflower.strategies import build_run_model, get_algorithm, wire_split
 from pflower.strategies.client import ClientJob, measured
 from pflower.task.data import load_client_data
 from pflower.task.models import GLOBAL_RNG
+from pflower.task.node_data import DATA_PATH
 from pflower.task.split import Split, get_tensors
 from pflower.task.train import resolve_device
 from pflower.wire import (
@@ -69,7 +70,9 @@ def make_job(cfg: Config, context: Context, server_round: int) -> ClientJob:
         ) from None
     model, split, init_personal, device = _model(cfg)
     dtype = next(model.parameters()).dtype  # data in the model's precision (float64 models)
-    train_loader, test_loader = load_client_data(cfg, partition_id, num_partitions, dtype)
+    train_loader, test_loader = load_client_data(
+        cfg, partition_id, num_partitions, dtype, node.get(DATA_PATH)
+    )
     # Reproducible whatever process runs this client: seed by (seed, client, round).
     salt = (cfg.seed * 1_000_003 + partition_id * 10_007 + server_round) % 2**63
     with GLOBAL_RNG:  # never inside another thread's stream (ClientJob.global_rng)
@@ -128,7 +131,10 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
         asked = str(msg.content[CONFIG].get(QUERY, "")).split(",") if CONFIG in msg.content else []
         if "num-train" in asked:
             cfg = parse_config(frozenset({**context.run_config, **(overrides or {})}.items()))
-            train, _ = load_client_data(cfg, int(pid), int(context.node_config["num-partitions"]))
+            node = context.node_config
+            train, _ = load_client_data(
+                cfg, int(pid), int(node["num-partitions"]), data_path=node.get(DATA_PATH)
+            )
             answer["num-train"] = len(train.dataset)
         metrics = MetricRecord(answer)
         return Message(content=RecordDict({METRICS: metrics}), reply_to=msg)

@@ -71,6 +71,8 @@ ROBUST_AGGREGATORS = get_args(RobustAggregator)
 #: ``hf:<hub id>`` loads a Hugging Face data set through flwr-datasets; ``disk:<path>`` a
 #: directory written by ``datasets.save_to_disk`` or a folder of parquet files.
 DATASET_PREFIXES = ("hf:", "disk:")
+#: each device's own NumPy file, named by its node config ``data-path`` (``task/node_data.py``)
+NODE_DATASET = "node"
 
 #: Number of classes of the built-in data sets (``synthetic-leaf`` uses ``synthetic-classes``).
 BUILTIN_NUM_CLASSES = {"mnist-5k": 10, "digits": 10}
@@ -140,6 +142,11 @@ class RunSettings(Settings):
     natural_column: str = Field("client_id", alias="natural-column")
     label_column: str = Field("label", alias="label-column")
     feature_column: str = Field("", alias="feature-column")
+    #: ``dataset = "node"`` (each device reads its own file): what the model needs, which the
+    #: server cannot read from data it does not have. ``input-shape``: one example's shape,
+    #: e.g. "1,28,28" or "60"; ``num-classes``: classes (classification)
+    input_shape: str = Field("", alias="input-shape")
+    num_classes: int = Field(0, alias="num-classes", ge=0)
     test_fraction: float = Field(0.2, alias="test-fraction", gt=0, lt=1)
     #: a column that fixes each row's side: ``test`` / true / 1 = test split, anything else =
     #: training split; empty: split each client's partition by ``test-fraction``
@@ -257,14 +264,17 @@ class RunSettings(Settings):
                 "key 'personal-epochs' = 0: with 'personal-steps' = 0 too there would be no "
                 "personal update; set one of them > 0"
             )
-        if self.dataset not in BUILTIN_DATASETS and not (
+        if self.dataset not in (*BUILTIN_DATASETS, NODE_DATASET) and not (
             self.dataset.startswith(DATASET_PREFIXES) and len(self.dataset) > 5
         ):
             raise ConfigError(
                 f"key 'dataset' = {self.dataset!r}: must be {_allowed(BUILTIN_DATASETS)}, "
                 "or 'hf:<hub id>' (e.g. 'hf:ylecun/mnist'), or 'disk:<path>' (a directory "
-                "written by datasets.save_to_disk or a folder of parquet files)"
+                "written by datasets.save_to_disk or a folder of parquet files), or 'node' "
+                "(each device's own .npz file, node config 'data-path')"
             )
+        if self.dataset == NODE_DATASET:
+            self._check_node_data()
         for pattern in self.personal_patterns:
             if not pattern or any(c.isspace() for c in pattern):
                 raise ConfigError(
@@ -281,7 +291,8 @@ class RunSettings(Settings):
         if (
             self.effective_task == "regression"
             and self.partitioner in by_label
-            and self.dataset != "synthetic-linear"  # generated client by client
+            # generated client by client / each device's own file: nothing is partitioned
+            and self.dataset not in ("synthetic-linear", NODE_DATASET)
         ):
             raise ConfigError(
                 f"key 'partitioner' = {self.partitioner!r}: partitions by class label, and this "
@@ -289,7 +300,7 @@ class RunSettings(Settings):
             )
         num_classes = self.known_num_classes
         uses_classes = self.partitioner in ("pathological", "round-robin") and (
-            self.dataset != "synthetic-linear"
+            self.dataset not in ("synthetic-linear", NODE_DATASET)
         )
         if uses_classes and num_classes is not None and self.classes_per_client > num_classes:
             raise ConfigError(
@@ -300,7 +311,33 @@ class RunSettings(Settings):
             settings.check(self)
         return self
 
+    def _check_node_data(self) -> None:
+        try:
+            shape = self.node_input_shape
+        except ValueError:
+            shape = ()
+        if not shape:
+            raise ConfigError(
+                f"key 'input-shape' = {self.input_shape!r}: with dataset 'node' the server needs "
+                "one example's shape, comma-separated positive integers (e.g. '1,28,28' or '60')"
+            )
+        if self.effective_task == "classification" and self.num_classes < 2:
+            raise ConfigError(
+                f"key 'num-classes' = {self.num_classes}: with dataset 'node' and a "
+                "classification task the server needs the number of classes, at least 2"
+            )
+
     # --- derived values --------------------------------------------------------------------
+    @property
+    def node_input_shape(self) -> tuple[int, ...]:
+        """``input-shape`` as a tuple (ValueError if it is not positive integers)."""
+        if not self.input_shape.strip():
+            return ()
+        shape = tuple(int(d) for d in self.input_shape.split(","))
+        if any(d <= 0 for d in shape):
+            raise ValueError(self.input_shape)
+        return shape
+
     @property
     def personal_patterns(self) -> list[str]:
         """Glob patterns from ``split-patterns`` (empty: use the ``split`` preset)."""
@@ -319,6 +356,8 @@ class RunSettings(Settings):
         """Number of classes when known without loading data (built-in data sets)."""
         if self.dataset == "synthetic-leaf":
             return self.synthetic_classes
+        if self.dataset == NODE_DATASET:
+            return self.num_classes if self.effective_task == "classification" else None
         return BUILTIN_NUM_CLASSES.get(self.dataset)
 
     @property

@@ -78,10 +78,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state-dir", default=None, help="this device's state-dir")
     parser.add_argument("--partition-id", type=int, required=True)
     parser.add_argument("--num-partitions", type=int, required=True)
+    parser.add_argument("--data-path", default=None, help="this device's data (dataset 'node')")
     args = parser.parse_args(argv)
     cfg = run_config(args.run)
     model = personal_model(args.run, args.state_dir)
-    _, test = load_client_data(cfg, args.partition_id, args.num_partitions)
+    _, test = load_client_data(
+        cfg, args.partition_id, args.num_partitions, data_path=args.data_path
+    )
     result = evaluate(model, test, torch.device("cpu"))
     print(json.dumps({k: float(v) for k, v in result.items()}))
 

@@ -57,9 +57,10 @@ def test_metadata_has_ranges_and_every_extra(dist):
     core = [r.split(">")[0].split("<")[0].strip() for r in requires if "extra ==" not in r]
     assert {"flwr", "torch", "numpy", "pydantic"} <= set(core)
     # the device install carries none of the optional stacks
-    assert not {"torchvision", "matplotlib", "ray", "mlxtend", "scikit-learn"} & set(core)
+    optional = {"torchvision", "matplotlib", "ray", "mlxtend", "scikit-learn"}
+    assert not (optional | {"datasets", "flwr-datasets"}) & set(core)
     extras = set(meta.get_all("Provides-Extra"))
-    assert {"simulation", "vision", "offline", "plots", "app", "test"} <= extras
+    assert {"data", "simulation", "vision", "offline", "plots", "app", "test"} <= extras
 
 
 def test_the_wheel_holds_the_package_and_nothing_else(dist):

