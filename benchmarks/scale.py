@@ -110,7 +110,9 @@ def config(algorithm: str, clients: int, rounds: int, out: str) -> dict:
     }
 
 
-def run_one(algorithm: str, clients: int, engine: str, rounds: int, out: str) -> dict:
+def run_one(
+    algorithm: str, clients: int, engine: str, rounds: int, out: str, extra: dict | None = None
+) -> dict:
     from pflower.strategies.server import PersonalizedStrategy
 
     marks: dict[str, list[float]] = {"train": [], "evaluate": [], "evaluated": []}
@@ -134,7 +136,7 @@ def run_one(algorithm: str, clients: int, engine: str, rounds: int, out: str) ->
     PersonalizedStrategy.configure_train = marking("configure_train", "train")
     PersonalizedStrategy.configure_evaluate = marking("configure_evaluate", "evaluate")
     PersonalizedStrategy.aggregate_evaluate = marking("aggregate_evaluate", "evaluated")
-    run = config(algorithm, clients, rounds, out)
+    run = {**config(algorithm, clients, rounds, out), **(extra or {})}
     start, cpu0 = time.monotonic(), monitor.sample()
     server_start: list[float] = []
     try:
@@ -185,6 +187,7 @@ def run_one(algorithm: str, clients: int, engine: str, rounds: int, out: str) ->
         "engine": engine,
         "algorithm": algorithm,
         "rounds": rounds,
+        **{k: v for k, v in (extra or {}).items()},
         "wall_s": round(wall, 1),
         "cpu_s": round(cpu, 1),
         "startup_s": round(trains[0][0] - server_start[0], 1),
@@ -206,11 +209,24 @@ def main(argv=None) -> None:
     parser.add_argument("--algorithm", nargs="+", default=["fedalt"], choices=["fedalt", "fedavg"])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--out", default="/tmp/pflower-scale")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="run-config keys, e.g. max-in-flight=4",
+    )
     args = parser.parse_args(argv)
+    from pflower.config import Config
+
+    extra = {k: v for k, v in (item.split("=", 1) for item in args.set)}
+    extra = {
+        k: Config.from_run_config({k: v}).model_dump(by_alias=True)[k] for k, v in extra.items()
+    }
     for clients in args.clients:
         for engine in args.engine:
             for algorithm in args.algorithm:
-                result = run_one(algorithm, clients, engine, args.rounds, args.out)
+                result = run_one(algorithm, clients, engine, args.rounds, args.out, extra)
                 print(json.dumps(result), flush=True)
 
 

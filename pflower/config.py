@@ -165,6 +165,12 @@ class RunSettings(Settings):
     fraction_train: float = Field(0.5, alias="fraction-train", gt=0, le=1)
     fraction_evaluate: float = Field(1.0, alias="fraction-evaluate", gt=0, le=1)
     evaluate_every: int = Field(5, alias="evaluate-every", ge=1)
+    #: share of the clients the final round evaluates; 0 (auto): all of them up to 100
+    #: clients, else a seeded uniform sample of max(100, 10%)
+    final_evaluate_fraction: float = Field(0.0, alias="final-evaluate-fraction", ge=0, le=1)
+    #: at most this many messages outstanding at once; 0 (auto): 16 on Flower's simulation
+    #: engine (its dispatcher costs nodes x outstanding messages per 0.1 s tick), else no limit
+    max_in_flight: int = Field(0, alias="max-in-flight", ge=0)
     #: seconds to wait for a round's replies; 0: as long as the work needs (600 s for the
     #: first round, then 10 x the slowest complete round so far, at least 120 s)
     round_timeout: float = Field(0.0, alias="round-timeout", ge=0)

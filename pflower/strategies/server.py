@@ -11,7 +11,10 @@ message-API ``Strategy``):
 - aggregates evaluation per DESIGN.md: pooled accuracy, mean over clients, p10/p50/p90,
   worst client, and the number of clients whose personalized accuracy is below the global
   model's. Evaluation runs every ``evaluate_every`` rounds; the final round evaluates
-  every client.
+  every client up to 100 clients, a seeded sample of max(100, 10%) past that
+  (``final_evaluate_fraction``);
+- keeps at most ``max_in_flight`` messages outstanding (16 on the simulation engine) and
+  combines replies in partition order, so that arrival order changes no bit of a result.
 
 Its pieces live in small modules: ``pflower.wire`` (keys, reply layout check),
 ``history`` (round log, client summaries), ``combine`` (means, robust rules); the client
@@ -45,7 +48,7 @@ from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.combine import robust_aggregator, weighted_mean
 from pflower.strategies.history import RoundLog, summarize_clients, weighted_mean_metrics
-from pflower.strategies.nodes import NodeSampling, RoundDeadline
+from pflower.strategies.nodes import NodeSampling, RoundDeadline, Window, in_memory_grid
 from pflower.strategies.server_opt import ServerOptimizer, client_lr
 from pflower.wire import (
     ARRAYS,
@@ -75,6 +78,10 @@ log = logging.getLogger("flwr.pflower")
 
 #: without ``max_num_examples``: a claim above this many times the round's median is a lie
 NUM_EXAMPLES_FACTOR = 100
+#: ``final_evaluate_fraction`` = 0: up to this many nodes the final round evaluates them all
+FINAL_EVALUATE_ALL = 100
+#: ``max_in_flight`` = 0 on Flower's simulation engine: messages outstanding at once
+SIMULATION_WINDOW = 16
 
 
 class RoundSkipped(Exception):
@@ -100,7 +107,15 @@ class PersonalizedStrategy(NodeSampling, Strategy):
     fraction_train : float (default: 1.0)
         Fraction of connected nodes sampled for training each round (at least one).
     fraction_evaluate : float (default: 1.0)
-        Fraction of nodes sampled for evaluation; the final round evaluates all nodes.
+        Fraction of nodes sampled for evaluation (the final round: ``final_evaluate_fraction``).
+    final_evaluate_fraction : float (default: 0.0)
+        Fraction of nodes the final round evaluates; 0 (auto): every node when there are at
+        most ``FINAL_EVALUATE_ALL`` (100), else a seeded uniform sample of
+        ``max(100, 10%)`` of them (the per-client statistics are then over that sample).
+    max_in_flight : int (default: 0)
+        At most this many messages outstanding at once (``nodes.Window``); 0 (auto): 16 on
+        Flower's simulation engine, whose dispatcher costs nodes x outstanding messages per
+        tick, no limit elsewhere.
     evaluate_every : int (default: 1)
         Evaluate every this many rounds (and always in the final round).
     reply_key : str (default: "arrays")
@@ -169,6 +184,8 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,
         evaluate_every: int = 1,
+        final_evaluate_fraction: float = 0.0,
+        max_in_flight: int = 0,
         reply_key: str = ARRAYS,
         lr: float = 0.05,
         lr_schedule: str = "constant",
@@ -193,6 +210,13 @@ class PersonalizedStrategy(NodeSampling, Strategy):
             raise ValueError(f"fraction_evaluate = {fraction_evaluate}: must be in (0, 1]")
         if evaluate_every < 1:
             raise ValueError(f"evaluate_every = {evaluate_every}: must be >= 1")
+        if not 0 <= final_evaluate_fraction <= 1:
+            raise ValueError(
+                f"final_evaluate_fraction = {final_evaluate_fraction}: must be in [0, 1] "
+                "(0: every node up to 100, else max(100, 10%) of them)"
+            )
+        if max_in_flight < 0:
+            raise ValueError(f"max_in_flight = {max_in_flight}: must be >= 0 (0: auto)")
         if reply_key not in (ARRAYS, DELTA, GRADIENT):
             raise ValueError(
                 f"reply_key = {reply_key!r}: must be {ARRAYS!r}, {DELTA!r} or {GRADIENT!r}"
@@ -207,6 +231,8 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         self.fraction_train = fraction_train
         self.fraction_evaluate = fraction_evaluate
         self.evaluate_every = evaluate_every
+        self.final_evaluate_fraction = final_evaluate_fraction
+        self.max_in_flight = max_in_flight
         self.reply_key = reply_key
         self.lr = lr
         self.lr_schedule = lr_schedule
@@ -253,6 +279,9 @@ class PersonalizedStrategy(NodeSampling, Strategy):
             )
         self.num_rounds = num_rounds
         self.history = []
+        window = self.max_in_flight or (SIMULATION_WINDOW if in_memory_grid(grid) else 0)
+        if window:
+            grid = Window(grid, window)
         if not kwargs.get("timeout"):  # 0 / None: each round waits as long as the work needs
             grid, kwargs["timeout"] = RoundDeadline(grid), None
         # as long as a round may take: a busy machine can start its nodes slowly
@@ -378,10 +407,22 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         if not self.pretraining(server_round):
             arrays = self._split_after_pretraining(arrays)
         final = server_round == self.num_rounds
-        nodes = self.sample(grid, self.fraction_evaluate, everyone=final)
+        if final:
+            fraction = self.final_fraction(len(list(grid.get_node_ids())))
+            nodes = self.sample(grid, fraction, everyone=fraction == 1.0)
+        else:
+            nodes = self.sample(grid, self.fraction_evaluate)
         self._asked = set(nodes)
         settings = {**dict(config), **self.schedule(server_round), FINAL: final}
         return self._messages(server_round, nodes, arrays, settings, MessageType.EVALUATE)
+
+    def final_fraction(self, num_nodes: int) -> float:
+        """The share of nodes the final round evaluates (``final_evaluate_fraction``)."""
+        if self.final_evaluate_fraction:
+            return self.final_evaluate_fraction
+        if num_nodes <= FINAL_EVALUATE_ALL:
+            return 1.0
+        return max(FINAL_EVALUATE_ALL, round(0.1 * num_nodes)) / num_nodes
 
     # --- reply checks ----------------------------------------------------------------------
     def _count_silent(self, server_round: int, replies: list[Message]) -> None:
@@ -590,7 +631,8 @@ class PersonalizedStrategy(NodeSampling, Strategy):
     def aggregate_train(
         self, server_round, replies
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        replies = list(replies)
+        # in partition order, not arrival order: float sums then do not depend on timing
+        replies = self._in_order(replies)
         self._count_silent(server_round, replies)
         updates = self.check_train_replies(server_round, replies)
         current = {k: a.numpy() for k, a in self._current.items()}
@@ -630,7 +672,7 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         return arrays, MetricRecord(metrics)
 
     def aggregate_evaluate(self, server_round, replies) -> MetricRecord | None:
-        replies = list(replies)
+        replies = self._in_order(replies)
         self._count_silent(server_round, replies)
         rows = []
         for msg in replies:
@@ -667,6 +709,8 @@ def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> d
         "fraction_train": cfg.fraction_train,
         "fraction_evaluate": cfg.fraction_evaluate,
         "evaluate_every": cfg.evaluate_every,
+        "final_evaluate_fraction": cfg.final_evaluate_fraction,
+        "max_in_flight": cfg.max_in_flight,
         "lr": cfg.lr,
         "lr_schedule": cfg.lr_schedule,
         "lr_warmup_fraction": cfg.lr_warmup_fraction,

@@ -26,6 +26,9 @@ test set follows its own label distribution, as in all four papers.
 from __future__ import annotations
 
 import functools
+import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -432,7 +435,54 @@ class ClientArrays:
     y_test: np.ndarray
 
 
-@functools.lru_cache(maxsize=64)
+class _ByteBudgetCache:
+    """``fn``'s results by argument, the least recently used dropped once they hold more than
+    ``PFLOWER_DATA_CACHE_MB`` megabytes (default 4096), never by count: a process serving
+    1 000 simulated clients of 100 rows each keeps them all (a few MB) instead of reloading
+    each partition through the partitioner on every message. Thread-safe (``LocalGrid``)."""
+
+    def __init__(self, fn) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.entries: OrderedDict = OrderedDict()
+        self.nbytes = 0
+        self.lock = threading.Lock()
+
+    @property
+    def budget(self) -> int:
+        return int(float(os.environ.get("PFLOWER_DATA_CACHE_MB", "4096")) * 2**20)
+
+    def __call__(self, *args):
+        with self.lock:
+            if args in self.entries:
+                self.entries.move_to_end(args)
+                self._trim()
+                return self.entries[args]
+        value = self.fn(*args)  # outside the lock: other clients load meanwhile
+        with self.lock:
+            if args not in self.entries:
+                self.entries[args] = value
+                self.nbytes += self._size(value)
+            self._trim()
+        return value
+
+    @staticmethod
+    def _size(value) -> int:
+        return sum(a.nbytes for a in vars(value).values())
+
+    def _trim(self) -> None:
+        """Drop the least recently used entries past the budget (the newest always stays)."""
+        while self.nbytes > self.budget and len(self.entries) > 1:
+            _, old = self.entries.popitem(last=False)
+            self.nbytes -= self._size(old)
+
+    def cache_clear(self) -> None:
+        with self.lock:
+            self.entries.clear()
+            self.nbytes = 0
+
+
+@_ByteBudgetCache
 def client_arrays(
     cfg: Config, partition_id: int, num_partitions: int, data_path: str | None = None
 ) -> ClientArrays:

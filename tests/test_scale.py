@@ -1,0 +1,139 @@
+"""What keeps a run with many clients linear: a bounded number of messages outstanding, a
+sampled final evaluation, a data cache bounded by bytes, replies combined in a fixed order."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+
+from pflower.client_app import build_client_app, parse_config
+from pflower.experiments.local_grid import LocalGrid, run_local
+from pflower.server_app import run
+from pflower.strategies import FedAvg
+from pflower.strategies.nodes import Window
+from pflower.task import data
+from pflower.wire import CONFIG, QUERY
+
+
+class Counting(LocalGrid):
+    """A LocalGrid that records how many messages were outstanding (pushed, not pulled)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.outstanding, self.most = 0, 0
+
+    def push_messages(self, messages):
+        ids = list(super().push_messages(messages))
+        self.outstanding += len(ids)
+        self.most = max(self.most, self.outstanding)
+        return ids
+
+    def pull_messages(self, message_ids):
+        replies = list(super().pull_messages(message_ids))
+        self.outstanding -= len(replies)
+        return replies
+
+
+def queries(grid) -> list[Message]:
+    content = RecordDict({CONFIG: ConfigRecord({QUERY: "partition-id"})})
+    return [
+        Message(content=content, message_type=MessageType.QUERY, dst_node_id=n)
+        for n in grid.get_node_ids()
+    ]
+
+
+def test_a_window_keeps_at_most_its_size_outstanding_and_returns_every_reply():
+    app = build_client_app({"dataset": "digits", "partitioner": "iid"})
+    grid = Counting(app, 10, workers=2)
+    replies = list(Window(grid, 3, pull_interval=0.001).send_and_receive(queries(grid)))
+    assert sorted(r.metadata.src_node_id for r in replies) == sorted(grid.get_node_ids())
+    assert grid.most == 3
+    grid = Counting(app, 10, workers=2)
+    list(grid.send_and_receive(queries(grid)))  # Flower's way: everything at once
+    assert grid.most == 10
+
+
+def test_a_window_stops_at_the_timeout_with_what_arrived():
+    app = build_client_app({"dataset": "digits", "partitioner": "iid"})
+    grid = LocalGrid(app, 6, silent=[0, 1, 2, 3, 4, 5])
+    assert list(Window(grid, 2).send_and_receive(queries(grid), timeout=0.3)) == []
+
+
+@pytest.mark.parametrize(
+    ("fraction", "nodes", "expected"),
+    [
+        (0.0, 20, 1.0),
+        (0.0, 100, 1.0),
+        (0.0, 1000, 0.1),
+        (0.0, 5000, 0.1),
+        (0.0, 400, 0.25),
+        (0.3, 20, 0.3),
+    ],
+)
+def test_the_final_evaluation_samples_past_100_clients(fraction, nodes, expected):
+    strategy = FedAvg(final_evaluate_fraction=fraction)
+    assert strategy.final_fraction(nodes) == pytest.approx(expected)
+
+
+def test_final_evaluate_fraction_reaches_the_run():
+    run_cfg = {
+        "dataset": "digits",
+        "partitioner": "iid",
+        "algorithm": "fedavg",
+        "num-server-rounds": 2,
+        "evaluate-every": 2,
+        "final-evaluate-fraction": 0.25,
+        "outputs-dir": "/tmp/pflower-test-outputs",
+    }
+    report = run_local(run_cfg, 12)
+    assert report.final["clients"] == 3 and len(report.clients) == 3
+
+
+def test_the_data_cache_keeps_every_client_within_its_byte_budget(monkeypatch):
+    cfg = parse_config(frozenset({"dataset": "synthetic-leaf", "partitioner": "natural"}.items()))
+    data.client_arrays.cache_clear()
+    calls = []
+    original = data.client_arrays.fn
+    monkeypatch.setattr(data.client_arrays, "fn", lambda *a: calls.append(a) or original(*a))
+    first = [data.client_arrays(cfg, pid, 100) for pid in range(100)]
+    assert len(calls) == 100 and len(data.client_arrays.entries) == 100  # not 64
+    again = [data.client_arrays(cfg, pid, 100) for pid in range(100)]
+    assert len(calls) == 100 and all(a is b for a, b in zip(first, again))
+    per_client = data.client_arrays.nbytes / 100
+    monkeypatch.setenv("PFLOWER_DATA_CACHE_MB", str(10.5 * per_client / 2**20))
+    data.client_arrays(cfg, 0, 100)  # a hit, then the budget trims the least recent
+    assert len(data.client_arrays.entries) == 10
+    assert (cfg, 0, 100) in data.client_arrays.entries  # the one just used stays
+    data.client_arrays.cache_clear()
+
+
+class Shuffled(LocalGrid):
+    """Replies in a random order, as they arrive on a real engine."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = list(super().send_and_receive(messages, timeout=timeout))
+        random.Random(len(replies)).shuffle(replies)
+        return replies
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "ffgg"])
+def test_arrival_order_changes_no_bit_of_the_result(algorithm):
+    """Replies are combined in partition order: float64 sums of a float64 model (FFGG's
+    quadratic problem) come out the same bit for bit whatever order they arrived in."""
+    run_cfg = {
+        "dataset": "synthetic-linear",
+        "model": "synthetic-linear",
+        "linear-n": 200,
+        "algorithm": algorithm,
+        "num-server-rounds": 3,
+        "evaluate-every": 3,
+        "outputs-dir": "/tmp/pflower-test-outputs",
+    }
+    cfg = parse_config(frozenset(run_cfg.items()))
+    in_order = run_local(run_cfg, 7)
+    shuffled = run(Shuffled(build_client_app(run_cfg), 7, seed=cfg.seed), cfg)
+    for name, value in in_order.shared.items():
+        assert np.array_equal(value, shuffled.shared[name]), name
