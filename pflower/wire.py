@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from io import BytesIO
 
 import numpy as np
-from flwr.app import ArrayRecord
+from flwr.app import Array, ArrayRecord
 
 ARRAYS, DELTA, GRADIENT = "arrays", "delta", "gradient"
 CONFIG, METRICS = "config", "metrics"
@@ -60,6 +61,29 @@ def metrics_problem(metrics: Mapping, required: tuple[str, ...] = (NUM_EXAMPLES,
         if key == NUM_EXAMPLES and (value < 1 or value != int(value)):
             return "num-examples is not a positive integer"
     return ""
+
+
+def array_view(array: Array) -> np.ndarray:
+    """The array a reply carries, as a read-only view of its bytes (``Array.numpy()``
+    copies them: one more copy of every reply while the server aggregates). The bytes are
+    NumPy's ``.npy`` format; the header says dtype, shape and order."""
+    if array.stype != "numpy.ndarray":
+        return array.numpy()  # Flower's error for anything else
+    data = array.data
+    header = BytesIO(data)
+    readers = {
+        (1, 0): np.lib.format.read_array_header_1_0,
+        (2, 0): np.lib.format.read_array_header_2_0,
+    }
+    reader = readers.get(np.lib.format.read_magic(header))
+    if reader is None:
+        return array.numpy()
+    shape, fortran, dtype = reader(header)
+    if dtype.hasobject:  # never unpickle (as Array.numpy: allow_pickle=False)
+        raise ValueError("object arrays are not accepted")
+    count = int(np.prod(shape, dtype=np.int64))
+    flat = np.frombuffer(data, dtype=dtype, count=count, offset=header.tell())
+    return flat.reshape(shape, order="F" if fortran else "C")
 
 
 def layout_problem(record: ArrayRecord, expected: Mapping[str, tuple]) -> str | None:

@@ -137,3 +137,38 @@ def test_arrival_order_changes_no_bit_of_the_result(algorithm):
     shuffled = run(Shuffled(build_client_app(run_cfg), 7, seed=cfg.seed), cfg)
     for name, value in in_order.shared.items():
         assert np.array_equal(value, shuffled.shared[name]), name
+
+
+def test_the_streamed_mean_of_updates_is_the_mean_bit_for_bit():
+    from pflower.strategies.combine import weighted_mean, weighted_mean_of_updates
+
+    rng = np.random.default_rng(0)
+    current = {"a": rng.normal(size=(7, 3)).astype(np.float32), "b": rng.normal(size=5)}
+    arrays = [{k: (v + rng.normal(size=v.shape)).astype(v.dtype) for k, v in current.items()}]
+    arrays += [{k: (v * 3).astype(v.dtype) for k, v in current.items()} for _ in range(4)]
+    weights = [3.0, 1.0, 7.0, 2.0, 5.0]
+    wide = [{k: current[k].astype(np.float64) - a[k] for k in current} for a in arrays]
+    expected = weighted_mean(wide, weights)
+    got = weighted_mean_of_updates(current, arrays, weights)
+    assert all(np.array_equal(got[k], expected[k]) for k in current)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.asfortranarray(np.ones((2, 3))),
+        np.zeros((0, 5), np.float32),
+        np.arange(6, dtype=">f4"),
+    ],
+)
+def test_a_reply_array_is_read_in_place(value):
+    from flwr.app import Array
+
+    from pflower.wire import array_view
+
+    array = Array(value)
+    view = array_view(array)
+    copy = array.numpy()
+    assert view.dtype == copy.dtype and view.shape == copy.shape and np.array_equal(view, copy)
+    assert not view.flags.owndata and not view.flags.writeable  # the reply's bytes, not a copy

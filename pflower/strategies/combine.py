@@ -41,3 +41,19 @@ def weighted_mean(
     w = np.asarray(list(weights), dtype=np.float64)
     w = w / w.sum()
     return {k: sum(wi * a[k].astype(np.float64) for wi, a in zip(w, arrays)) for k in arrays[0]}
+
+
+def weighted_mean_of_updates(
+    current: Mapping[str, np.ndarray],
+    arrays: list[Mapping[str, np.ndarray]],
+    weights: Iterable[float],
+) -> dict[str, np.ndarray]:
+    """``weighted_mean`` of the updates ``current - a_i``, bit for bit, streamed: one layer
+    of one reply in float64 at a time instead of N float64 copies of the model."""
+    w = np.asarray(list(weights), dtype=np.float64)
+    w = w / w.sum()
+    out = {}
+    for k, c in current.items():
+        c64 = c.astype(np.float64)
+        out[k] = sum(wi * (c64 - a[k]) for wi, a in zip(w, arrays))
+    return out

@@ -46,7 +46,11 @@ from flwr.serverapp.strategy import Strategy
 from pflower.experiments import attacks
 from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator
-from pflower.strategies.combine import robust_aggregator, weighted_mean
+from pflower.strategies.combine import (
+    robust_aggregator,
+    weighted_mean,
+    weighted_mean_of_updates,
+)
 from pflower.strategies.history import RoundLog, summarize_clients, weighted_mean_metrics
 from pflower.strategies.nodes import NodeSampling, RoundDeadline, Window, in_memory_grid
 from pflower.strategies.server_opt import ServerOptimizer, client_lr
@@ -65,6 +69,7 @@ from pflower.wire import (
     SERVER_ROUND,
     TRAIN,
     ClientUpdate,
+    array_view,
     layout_problem,
     metrics_problem,
 )
@@ -546,7 +551,7 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         if problem:
             self._drop(server_round, node, problem)
             return None
-        tensors = {k: a.numpy() for k, a in record.items()}
+        tensors = {k: array_view(a) for k, a in record.items()}  # views: no second copy
         if not all(np.isfinite(t).all() for t in tensors.values()):
             self._drop(server_round, node, "non-finite values")
             return None
@@ -592,6 +597,11 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         with lr 1 gives the mean: FedAvg). The mean is taken over the updates
         ``current - w_i`` (the same thing), so a robust rule sees updates, not raw weights."""
         weights = [u.num_examples if weighted else 1.0 for u in updates]
+        if self.robust is None:  # the exact mean, streamed layer by layer
+            tensors = [u.tensors for u in updates]
+            return self.server_optimizer.step(
+                current, weighted_mean_of_updates(current, tensors, weights)
+            )
         return self.server_optimizer.step(
             current, self.combine(self.deltas(current, updates), weights)
         )
@@ -599,16 +609,9 @@ class PersonalizedStrategy(NodeSampling, Strategy):
     def deltas(
         self, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> list[dict[str, np.ndarray]]:
-        """The updates ``current - w_i``: in float64 for the exact mean, in the model's dtype
-        for a robust rule (N x d float64 copies of a large model would not fit)."""
-        wide = self.robust is None
-        return [
-            {
-                k: (current[k].astype(np.float64) if wide else current[k]) - u.tensors[k]
-                for k in current
-            }
-            for u in updates
-        ]
+        """The updates ``current - w_i`` in the model's dtype, for a robust rule (the exact
+        mean streams them in float64: ``weighted_mean_of_updates``)."""
+        return [{k: current[k] - u.tensors[k] for k in current} for u in updates]
 
     def simulate_omniscient(
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
