@@ -1,6 +1,8 @@
 """Run outputs: ``outputs/<timestamp>-<algorithm>/`` and the summary table.
 
-- ``config.json``: the run config (flat dashed keys) and the split actually used;
+- ``config.json``: the run config (flat dashed keys), the split actually used, and what
+  produced the run: pflower / flwr / torch / Python versions, the git commit of pflower's
+  source tree if it is one, the machine;
 - ``results.json``: per round: train aggregates, evaluate aggregates, dropped replies with
   reasons, seconds; and the final evaluation;
 - ``clients.csv``: final per-client personalized and global metrics;
@@ -15,6 +17,7 @@ import csv
 import dataclasses
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -55,6 +58,37 @@ class RunReport:
 SHARED_FILE = "final-shared.pt"
 
 
+def provenance() -> dict:
+    """What produced a run: versions, pflower's git commit (None outside a checkout), machine."""
+    import platform
+    import subprocess
+    from importlib import metadata
+
+    import pflower
+
+    try:
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                cwd=Path(pflower.__file__).parent,
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+            or None
+        )
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {
+        "pflower": pflower.__version__,
+        "flwr": metadata.version("flwr"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "git-commit": commit,
+        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs",
+    }
+
+
 def output_dir(cfg: Config) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = Path(cfg.outputs_dir).expanduser().resolve() / f"{stamp}-{cfg.algorithm}"
@@ -78,6 +112,7 @@ def write(report: RunReport, out: Path | None = None) -> Path:
                 "run-config": report.cfg.to_flat(),
                 "split": report.split,
                 "num-nodes": report.num_nodes,
+                "produced-by": provenance(),
             },
             indent=2,
         )

@@ -79,3 +79,22 @@ def test_the_sdist_builds_again_with_its_changelog(dist):
     assert {"pyproject.toml", "README.md", "CHANGELOG.md", "constraints.txt"} <= names
     assert "pflower/client_app.py" in names
     assert not any(n.startswith(("outputs/", "deploy/", ".venv/")) for n in names)
+
+
+def test_every_run_records_what_produced_it(tmp_path):
+    import json
+
+    import flwr
+    import torch
+
+    import pflower
+    from pflower.experiments.local_grid import run_local
+
+    run = {"dataset": "digits", "partitioner": "iid", "num-server-rounds": 1}
+    report = run_local({**run, "outputs-dir": str(tmp_path)}, 2)
+    produced = json.loads((report.path / "config.json").read_text())["produced-by"]
+    assert produced["pflower"] == pflower.__version__ == _project()["version"]
+    assert produced["flwr"] == flwr.__version__ and produced["torch"] == torch.__version__
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    assert produced["git-commit"] == (commit.stdout.strip() or None)
+    assert "CPUs" in produced["machine"]
