@@ -46,10 +46,6 @@ DeviceName = Literal["auto", "cpu", "cuda"]
 #: ``auto``: the algorithm's default (PFLEGO: Adam, its experiments), else SGD
 ServerOptimizerName = Literal["auto", "sgd", "adam"]
 LRSchedule = Literal["constant", "linear", "exponential"]
-#: what the console shows of a run (``report.console``)
-Console = Literal["compact", "flower"]
-#: experiment tracking written next to the run's outputs (``report.Tracker``)
-Tracking = Literal["none", "tensorboard"]
 #: how a server mean weights the sampled clients: by training-set size or all alike
 Weighting = Literal["uniform", "num-examples"]
 RobustAggregator = Literal[
@@ -239,12 +235,6 @@ class RunSettings(Settings):
     seed: int = Field(0, ge=0)
     device: DeviceName = "auto"
     outputs_dir: str = Field("outputs", alias="outputs-dir")
-    #: ``compact``: one line per round and pflower's table last (Flower's per-round metric
-    #: dicts and final dump left out; results.json has them); ``flower``: Flower's output too
-    console: Console = "compact"
-    #: ``tensorboard``: event files in the run's output directory (``tensorboard/``, extra
-    #: ``tracking``); nothing is sent anywhere
-    tracking: Tracking = "none"
     #: save the shared parameters every this many rounds (outputs/<run>/checkpoints/); 0: only
     #: the final ones (final-shared.pt)
     checkpoint_every: int = Field(0, alias="checkpoint-every", ge=0)

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
 import json
@@ -24,8 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-
-from pflower.strategies.history import RoundLog, train_loss
 
 if TYPE_CHECKING:
     from pflower.config import Config
@@ -243,138 +240,6 @@ def _plot_convergence(report: RunReport, path: Path) -> None:
     plt.close(fig)
 
 
-# --- console ---------------------------------------------------------------------------------
-
-
-def human_bytes(n: float) -> str:
-    """``1536`` -> ``1.5 kB`` (decimal units, as network traffic is counted)."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"  # unreachable: the loop returns at GB
-
-
-def round_line(entry: RoundLog, num_rounds: int) -> str:
-    """One aligned console line per round: seconds, training loss, pooled personalized and
-    global test accuracy (RMSE for regression; "–" when the round was not evaluated),
-    replies used, dropped, training bytes down / up."""
-    width = len(str(num_rounds))
-    loss = train_loss(entry.train)
-    ev = entry.evaluate
-    metric = "rmse" if "personal-rmse" in ev and "personal-accuracy" not in ev else "accuracy"
-
-    def score(which: str) -> str:
-        value = ev.get(f"{which}-{metric}")
-        if value is None:
-            return "     –" if metric == "accuracy" else "       –"
-        return f"{100 * value:5.2f}%" if metric == "accuracy" else f"{value:8.4g}"
-
-    wire = entry.wire
-    return (
-        f"round {entry.round:>{width}}/{num_rounds} | {entry.seconds:6.2f} s | train loss "
-        + (f"{loss:8.4f}" if loss is not None else "       –")
-        + f" | {metric} personalized {score('personal')} global {score('global')}"
-        + f" | {int(entry.train.get('applied', 0)):>4} clients"
-        + f" | {sum(entry.dropped.values()):>3} dropped"
-        + f" | {human_bytes(wire.get('train-down', 0)):>8} down"
-        + f" {human_bytes(wire.get('train-up', 0)):>8} up"
-    )
-
-
-#: Flower's own per-round and final log lines that the compact console replaces: the raw
-#: metric dicts (pflower's round line and summary table say it once, rounded), the ``[ROUND]``
-#: banner, the empty evaluate_fn result and the final dump of every round's metrics
-#: (results.json holds all of it at full precision)
-_FLOWER_VERBOSE = {
-    "",
-    "[ROUND %s/%s]",
-    "\t└──> Aggregated MetricRecord: %s",
-    "Global evaluation",
-    "\t└──> MetricRecord: %s",
-    "Initial global evaluation results: %s",
-    "Final results:",
-    "\t%s",
-    "round %d: training on %d nodes",
-}
-
-
-class _Compact(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.msg not in _FLOWER_VERBOSE
-
-
-@contextlib.contextmanager
-def console(cfg: Config):
-    """While a run goes, ``console = "compact"`` keeps Flower's start-up and warnings and
-    drops its per-round metric dicts and final dump (the round lines and the summary table
-    replace them); ``"flower"`` leaves Flower's output as it is."""
-    if cfg.console != "compact":
-        yield
-        return
-    compact = _Compact()
-    loggers = [logging.getLogger("flwr"), log]  # a logger's filter sees its own records
-    for logger in loggers:
-        logger.addFilter(compact)
-    try:
-        yield
-    finally:
-        for logger in loggers:
-            logger.removeFilter(compact)
-
-
-# --- tracking --------------------------------------------------------------------------------
-
-
-class Tracker:
-    """``tracking = "tensorboard"``: every round's training, evaluation, wire and timing
-    numbers as TensorBoard scalars (``torch.utils.tensorboard``, event files in
-    ``<run>/tensorboard/``; ``tensorboard --logdir outputs`` shows every run side by side).
-    Nothing leaves the machine. ``"none"``: does nothing. A context manager: the writer is
-    opened before the first round (a missing package fails then, naming the extra) and
-    closed after the last."""
-
-    def __init__(self, cfg: Config, out: Path) -> None:
-        self.cfg, self.out, self.writer = cfg, out, None
-
-    def __enter__(self) -> Tracker:
-        if self.cfg.tracking == "tensorboard":
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as err:
-                from pflower.config import ConfigError
-
-                raise ConfigError(
-                    "key 'tracking' = 'tensorboard': needs the tensorboard package "
-                    f"({err}): pip install 'pflower[tracking]', or tracking 'none'"
-                ) from None
-            self.writer = SummaryWriter(log_dir=str(self.out / "tensorboard"))
-            self.writer.add_text(
-                "run-config", "\n".join(f"    {k} = {v!r}" for k, v in self.cfg.to_flat().items())
-            )
-        return self
-
-    def add_round(self, entry: RoundLog) -> None:
-        if self.writer is None:
-            return
-        groups = {
-            "train": entry.train,
-            "evaluate": entry.evaluate,
-            "server": entry.server,
-            "wire": entry.wire,
-            "dropped": entry.dropped,
-        }
-        for group, values in groups.items():
-            for key, value in values.items():
-                if isinstance(value, (int, float)):
-                    self.writer.add_scalar(f"{group}/{key}", value, entry.round)
-        self.writer.add_scalar("round/seconds", entry.seconds, entry.round)
-
-    def __exit__(self, *exc) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-
 def _pct(summary: dict, key: str) -> str:
     return f"{100 * summary[key]:6.2f}" if key in summary else "     –"
 
@@ -431,19 +296,4 @@ def summary_table(report: RunReport) -> str:
         f"({hurt_rule}): {'–' if hurt is None else int(hurt)}; "
         f"dropped replies: {report.dropped}",
     ]
-    down, up = wire_per_round(report.rounds)
-    if down or up:
-        lines.append(
-            f"on the wire per training round (arrays, mean): {human_bytes(down)} down, "
-            f"{human_bytes(up)} up"
-        )
     return "\n".join(lines)
-
-
-def wire_per_round(rounds: list) -> tuple[float, float]:
-    """Mean array bytes of a training round sent to the clients and received from them."""
-    trained = [r for r in rounds if r.wire.get("train-down")]
-    if not trained:
-        return 0.0, 0.0
-    down = sum(r.wire["train-down"] for r in trained) / len(trained)
-    return down, sum(r.wire.get("train-up", 0) for r in trained) / len(trained)
