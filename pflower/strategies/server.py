@@ -44,10 +44,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from pflower.experiments import attacks
+from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.combine import (
     robust_aggregator,
-    robust_combine,
     weighted_mean,
     weighted_mean_of_updates,
 )
@@ -565,22 +565,16 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         """New shared parameters from the current ones and the checked updates (non-empty)."""
 
     def combine(
-        self,
-        vectors: list[Mapping[str, np.ndarray]],
-        weights: Sequence[float],
-        center: Mapping[str, np.ndarray] | None = None,
+        self, vectors: list[Mapping[str, np.ndarray]], weights: Sequence[float]
     ) -> dict[str, np.ndarray]:
-        """The clients' update vectors (``vectors``, or ``center - vectors[i]`` for returned
-        weights) combined: their weighted mean in float64 or, with ``robust``, the robust
-        rule over them (unweighted; f = ``byzantine``, capped at what the rule tolerates for
-        this round's number of replies, with a warning). Both read the replies in place and
-        never hold all N updates (``combine.weighted_mean_of_updates``, ``robust_combine``)."""
+        """The clients' update vectors combined: ``weighted_mean`` or, with ``robust``, the
+        robust rule over them (unweighted; f = ``byzantine``, capped at what the rule
+        tolerates for this round's number of replies, with a warning)."""
         if self.robust is None:
-            if center is not None:
-                return weighted_mean_of_updates(center, vectors, weights)
             return weighted_mean(vectors, weights)
         if self.robust.problem(len(vectors), 0):  # too few left after drops: no aggregate
             raise RoundSkipped(self.robust.problem(len(vectors), 0))
+        X, layout = aggregators.stack(vectors)
         f = min(self.byzantine, max(0, self.robust.max_byzantine(len(vectors))))
         if f < self.byzantine:
             log.warning(
@@ -590,7 +584,7 @@ class PersonalizedStrategy(NodeSampling, Strategy):
                 len(vectors),
                 self.byzantine,
             )
-        return robust_combine(self.robust, vectors, f, center)
+        return aggregators.unstack(self.robust(X, f=f), layout)
 
     def average_weights(
         self,
@@ -603,8 +597,21 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         with lr 1 gives the mean: FedAvg). The mean is taken over the updates
         ``current - w_i`` (the same thing), so a robust rule sees updates, not raw weights."""
         weights = [u.num_examples if weighted else 1.0 for u in updates]
-        tensors = [u.tensors for u in updates]
-        return self.server_optimizer.step(current, self.combine(tensors, weights, current))
+        if self.robust is None:  # the exact mean, streamed layer by layer
+            tensors = [u.tensors for u in updates]
+            return self.server_optimizer.step(
+                current, weighted_mean_of_updates(current, tensors, weights)
+            )
+        return self.server_optimizer.step(
+            current, self.combine(self.deltas(current, updates), weights)
+        )
+
+    def deltas(
+        self, current: dict[str, np.ndarray], updates: list[ClientUpdate]
+    ) -> list[dict[str, np.ndarray]]:
+        """The updates ``current - w_i`` in the model's dtype, for a robust rule (the exact
+        mean streams them in float64: ``weighted_mean_of_updates``)."""
+        return [{k: current[k] - u.tensors[k] for k in current} for u in updates]
 
     def simulate_omniscient(
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
