@@ -17,11 +17,11 @@ import time
 from collections.abc import Mapping
 
 import torch
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from pflower.config import Config
-from pflower.context_store import open_store
+from pflower.context_store import open_store, scope_job
 from pflower.experiments import attacks
 from pflower.experiments.stragglers import straggler_delay
 from pflower.strategies import build_run_model, get_algorithm, wire_split
@@ -103,6 +103,8 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
         config = dict(msg.content[CONFIG])
         job = make_job(cfg, context, int(config.get(SERVER_ROUND, 0)))
         job.receive(msg.content.array_records, config)
+        # the state this message may start from: this run's scope, written before its round
+        scope_job(job, config, training=msg.metadata.message_type == MessageType.TRAIN)
         return cfg, job, config
 
     @app.train()

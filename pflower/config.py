@@ -46,6 +46,8 @@ DeviceName = Literal["auto", "cpu", "cuda"]
 #: ``auto``: the algorithm's default (PFLEGO: Adam, its experiments), else SGD
 ServerOptimizerName = Literal["auto", "sgd", "adam"]
 LRSchedule = Literal["constant", "linear", "exponential"]
+#: whether the clients' personal state carries across runs (``context_store.ScopedStore``)
+PersonalState = Literal["experiment", "run"]
 #: how a server mean weights the sampled clients: by training-set size or all alike
 Weighting = Literal["uniform", "num-examples"]
 RobustAggregator = Literal[
@@ -241,6 +243,13 @@ class RunSettings(Settings):
     #: start from these shared parameters (a final-shared.pt or a checkpoint) instead of the
     #: seeded init: resumes a run (the clients' personal state is on their side)
     resume_from: str = Field("", alias="resume-from")
+    #: the federation / experiment the clients' personal state belongs to: state is loaded only
+    #: by runs of the same experiment name, algorithm, model, data set and personal part
+    experiment_name: str = Field("default", alias="experiment-name", min_length=1)
+    #: ``experiment``: personal state carries across runs of the same scope (a deployment's
+    #: next run continues the devices' layers); ``run``: every run starts fresh (a resumed run
+    #: continues its own)
+    personal_state: PersonalState = Field("experiment", alias="personal-state")
 
     @model_validator(mode="after")
     def _check_run(self) -> RunSettings:

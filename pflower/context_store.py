@@ -1,18 +1,51 @@
-"""Personal state in Flower's ``context.state``, the default store of the ClientApp.
+"""Personal state in Flower's ``context.state``, the default store of the ClientApp, and the
+scoping that keeps a device's state to the run configuration that produced it.
 
 ``context.state`` (a ``RecordDict``) lives as long as the node process, across the rounds of
 one run, in simulation and deployment. With node config ``state-dir`` the ClientApp keeps the
 state in a directory on the device instead (``pflower.task.state.DirectoryStore``).
+
+**Scoped state** (``ScopedStore``, what every client half reads and writes through): each
+entry records what produced it (``Scope``: experiment name, algorithm, model, data set, the
+partition and a fingerprint of the personal part's names, shapes and dtypes) and when (the
+server's run tag and round). A client loads an entry only if its scope is this run's: a head
+a PFLEGO run left behind is never the start of a FedAlt run whose head happens to have the
+same shape. With ``personal-state = "experiment"`` (the default) state carries across runs of
+the same scope; with ``"run"`` a run only continues what it wrote itself (after a resume).
+
+**Versioned by round.** A device may train in a round whose aggregate the server never
+committed (the SuperLink died before its checkpoint). The resumed run sends that round again;
+the device must start it from the state it had before, or it would apply that round's
+personal step twice. So every key keeps the newest entry and the one before it
+(``<key>.prev``); training in round r loads the newest entry of this run written *before*
+round r (evaluation in round r: up to r), and a save in a round this run already wrote
+replaces that entry instead of pushing the committed one out.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from pflower.task.state import DirectoryStore, Store, check_key
+from pflower.wire import RUN_TAG, SERVER_ROUND
+
+if TYPE_CHECKING:
+    from pflower.strategies.client import ClientJob
+
+log = logging.getLogger("flwr.pflower")
+
+#: the tensor of a stored entry that records its scope, run tag and round (UTF-8 JSON bytes)
+META = "pflower-meta"
+#: suffix of the entry one version older than the newest
+PREVIOUS = ".prev"
 
 
 class ContextStore:
@@ -38,3 +71,180 @@ def open_store(state: RecordDict, node_config: Mapping[str, object]) -> Store:
     if state_dir:
         return DirectoryStore(str(state_dir))
     return ContextStore(state)
+
+
+def fingerprint(tensors: Mapping[str, torch.Tensor]) -> str:
+    """A short hash of the names, shapes and dtypes of ``tensors`` (not their values)."""
+    layout = sorted((n, list(t.shape), str(t.dtype)) for n, t in tensors.items())
+    return hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What produced a client's state; state is loaded only by a run of the same scope."""
+
+    experiment: str
+    algorithm: str
+    model: str
+    dataset: str
+    partition: str  # "<partition-id>/<num-partitions>": the device's data
+    personal: str  # fingerprint of the personal part (names, shapes, dtypes)
+
+    @classmethod
+    def of(cls, cfg, partition_id: int, num_partitions: int, personal: Mapping) -> Scope:
+        """The scope of a client of run config ``cfg`` whose personal part is ``personal``."""
+        return cls(
+            experiment=cfg.experiment_name,
+            algorithm=cfg.algorithm,
+            model=cfg.model,
+            dataset=cfg.dataset,
+            partition=f"{partition_id}/{num_partitions}",
+            personal=fingerprint(personal),
+        )
+
+    def differences(self, other: Mapping) -> str:
+        """How a stored scope differs from this one, e.g. ``algorithm 'pflego' (this run:
+        'fedalt')``; '' if it does not."""
+        mine = asdict(self)
+        return ", ".join(
+            f"{k} {other.get(k)!r} (this run: {v!r})" for k, v in mine.items() if other.get(k) != v
+        )
+
+
+@dataclass
+class _Entry:
+    slot: str  # the raw store's key
+    tensors: dict[str, torch.Tensor]
+    meta: dict | None  # None: written without a scope (an older pflower, a hand-made file)
+
+    @property
+    def run(self) -> str:
+        return str(self.meta.get("run", "")) if self.meta else ""
+
+    @property
+    def round(self) -> int:
+        return int(self.meta.get("round", 0)) if self.meta else 0
+
+
+class ScopedStore:
+    """A ``Store`` whose entries record their ``Scope``, run tag and round (module docstring).
+
+    Parameters
+    ----------
+    raw : Store
+        Where the entries live (``ContextStore`` or ``DirectoryStore``).
+    scope : Scope
+        This client's scope; entries of another scope are never loaded.
+    run : str (default: "")
+        The server's run tag (``RUN_TAG`` in the message config; a resumed run keeps it).
+        Empty: no versioning, the newest entry of this scope is loaded.
+    server_round : int (default: 0)
+        The message's round.
+    training : bool (default: True)
+        A training message (loads state written before ``server_round``) or an evaluation
+        (loads state written up to ``server_round``, i.e. by this round's training).
+    carry : bool (default: True)
+        Whether state written by other runs of the same scope may be loaded
+        (``personal-state = "experiment"``).
+    """
+
+    def __init__(
+        self,
+        raw: Store,
+        scope: Scope,
+        *,
+        run: str = "",
+        server_round: int = 0,
+        training: bool = True,
+        carry: bool = True,
+    ) -> None:
+        self.raw, self.scope, self.run = raw, scope, run
+        self.server_round, self.training, self.carry = server_round, training, carry
+
+    def _entries(self, key: str) -> list[_Entry]:
+        """The stored entries of ``key``, newest first."""
+        entries = []
+        for slot in (check_key(key), key + PREVIOUS):
+            tensors = self.raw.load(slot)
+            if tensors is None:
+                continue
+            meta_tensor = tensors.pop(META, None)
+            meta = None
+            if meta_tensor is not None:
+                try:
+                    meta = json.loads(bytes(meta_tensor.to(torch.uint8).tolist()).decode())
+                except (ValueError, UnicodeDecodeError):
+                    meta = None
+            entries.append(_Entry(slot, tensors, meta if isinstance(meta, dict) else None))
+        return entries
+
+    def _mine(self, entry: _Entry) -> bool:
+        return entry.meta is not None and entry.meta.get("scope") == asdict(self.scope)
+
+    def _usable(self, entry: _Entry) -> bool:
+        """Whether this message may start from ``entry`` (same scope assumed)."""
+        if not self.run:
+            return True
+        if entry.run == self.run:  # this run's: only what committed rounds before this wrote
+            last = self.server_round - 1 if self.training else self.server_round
+            return entry.round <= last
+        return self.carry
+
+    def load(self, key: str) -> dict[str, torch.Tensor] | None:
+        entries = self._entries(key)
+        usable = [e for e in entries if self._mine(e) and self._usable(e)]
+        own = [e for e in usable if self.run and e.run == self.run]
+        if own:  # this run's own state wins over any other run's
+            return max(own, key=lambda e: e.round).tensors
+        if usable:  # the newest of another run of this scope (or, without a run tag, any)
+            return usable[0].tensors
+        foreign = [e for e in entries if not self._mine(e)]
+        if foreign and len(foreign) == len(entries):
+            newest = foreign[0]
+            why = (
+                self.scope.differences(newest.meta.get("scope", {}))
+                if newest.meta
+                else "no record of what wrote it (an older pflower or a hand-made file)"
+            )
+            log.warning(
+                "personal state %r was written by another configuration: %s; starting fresh",
+                key,
+                why,
+            )
+        return None
+
+    def save(self, key: str, tensors: Mapping[str, torch.Tensor]) -> None:
+        newest = next(iter(self._entries(key)), None)
+        meta = {"scope": asdict(self.scope), "run": self.run, "round": self.server_round}
+        # keep the newest entry as the previous one, unless it is this run's from this round
+        # or a later one (written in a round the server never committed): that one is
+        # replaced, so the state before the round stays available
+        superseded = (
+            newest is not None
+            and self._mine(newest)
+            and self.run
+            and newest.run == self.run
+            and newest.round >= self.server_round
+        )
+        if newest is not None and self._mine(newest) and not superseded:
+            self.raw.save(key + PREVIOUS, {**newest.tensors, META: _meta_tensor(newest.meta)})
+        tensors = {n: t.detach().cpu() for n, t in tensors.items()}
+        self.raw.save(key, {**tensors, META: _meta_tensor(meta)})
+
+
+def _meta_tensor(meta: Mapping) -> torch.Tensor:
+    return torch.tensor(list(json.dumps(meta).encode()), dtype=torch.uint8)
+
+
+def scope_job(job: ClientJob, config: Mapping, training: bool) -> None:
+    """Put ``job``'s store behind the ``ScopedStore`` of this message: the client's scope,
+    the server's run tag and round, ``personal-state``."""
+    raw = job.store.raw if isinstance(job.store, ScopedStore) else job.store
+    job.store = ScopedStore(
+        raw,
+        Scope.of(job.cfg, job.partition_id, job.num_partitions, job.init_personal),
+        run=str(config.get(RUN_TAG, "")),
+        server_round=int(config.get(SERVER_ROUND, 0)),
+        training=training,
+        carry=job.cfg.personal_state == "experiment",
+    )

@@ -38,7 +38,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pflower.config import Config
-from pflower.context_store import ContextStore
+from pflower.context_store import ContextStore, scope_job
 from pflower.strategies import ALGORITHMS, get_algorithm
 from pflower.strategies.client import ClientJob, measured
 from pflower.task import split as splits
@@ -123,7 +123,9 @@ class PersonalizedNumPyClient(NumPyClient):
             return tuple(n for n, _ in self.model.named_parameters())
         return self.split.shared
 
-    def _job(self, parameters: list[np.ndarray], config: Mapping) -> ClientJob:
+    def _job(
+        self, parameters: list[np.ndarray], config: Mapping, training: bool = True
+    ) -> ClientJob:
         """The message as pflower's ClientApp sees it (``ClientJob.receive``): the arrays
         under their names, the server's ``personal-init`` if it sent one."""
         names = self.exchanged(config)
@@ -150,6 +152,7 @@ class PersonalizedNumPyClient(NumPyClient):
         if self.personal_init is not None:
             records[PERSONAL_INIT] = self.personal_init
         job.receive(records, config)
+        scope_job(job, config, training)  # state of this configuration only (context_store)
         return job
 
     def fit(self, parameters, config):
@@ -162,7 +165,7 @@ class PersonalizedNumPyClient(NumPyClient):
 
     def evaluate(self, parameters, config):
         config = dict(config)
-        metrics = self.half.evaluate(self._job(parameters, config), config)
+        metrics = self.half.evaluate(self._job(parameters, config, training=False), config)
         return float(metrics["personal-loss"]), int(metrics[NUM_EXAMPLES]), dict(metrics)
 
 

@@ -26,6 +26,8 @@ PERSONAL_INIT = "personal-init"  # server -> client: the pre-trained model's per
 SERVER_ROUND, PHASE, LR, LR_SCALE, FINAL = "server-round", "phase", "lr", "lr-scale", "final"
 PRETRAIN, TRAIN = "pretrain", "train"  # values of PHASE
 QUERY = "query"  # the start-up query's question (comma-separated)
+#: the run's tag: a resumed run keeps it, so a device tells its own run's state by it
+RUN_TAG = "run-tag"
 
 
 @dataclass

@@ -21,7 +21,7 @@ from helpers import BASE
 
 from pflower.client_app import build_client_app
 from pflower.config import Config
-from pflower.context_store import open_store
+from pflower.context_store import Scope, ScopedStore, open_store
 from pflower.experiments.local_grid import LocalGrid
 from pflower.strategies import build_run_model, make_strategy, wire_split
 from pflower.task.data import client_arrays
@@ -101,7 +101,11 @@ def test_pflego_round_with_partial_participation_equals_the_papers_step(alpha_mo
             "head.weight": torch.randn(10, 8, generator=g, dtype=torch.float64),
             "head.bias": torch.randn(10, generator=g, dtype=torch.float64),
         }
-        open_store(context.state, {}).save("personal", heads[pid])
+        # written as an earlier run of this configuration would have (context_store.Scope)
+        scope = Scope.of(cfg, pid, NUM_CLIENTS, heads[pid])
+        ScopedStore(open_store(context.state, {}), scope, run="earlier").save(
+            "personal", heads[pid]
+        )
     theta0 = get_tensors(model, split.shared)
     strategy = make_strategy(cfg, split.shared)
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(theta0), num_rounds=1)

@@ -7,6 +7,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from pflower.config import Config
+from pflower.context_store import META
 from pflower.experiments.local_grid import run_local
 from pflower.numpy_client import SUPPORTED, PersonalizedNumPyClient, numpy_client_app
 from pflower.strategies import build_run_model, wire_split
@@ -74,7 +75,7 @@ def test_only_shared_parameters_cross_and_personal_ones_persist(task_identity, t
     new, n, metrics = client.fit(shared, {"lr": 0.1, "server-round": 1})
     assert [a.shape for a in new] == [a.shape for a in shared] and n == len(train.dataset)
     stored = torch.load(tmp_path / "personal.pt", weights_only=True)
-    assert set(stored) == set(split.personal)
+    assert set(stored) == {*split.personal, META}  # the personal layers and their scope
     # a fresh client on the same directory (a restarted device) starts from those layers
     again = PersonalizedNumPyClient(
         build_run_model(cfg), split, train, test, "fedalt", run_config=RUN, state_dir=str(tmp_path)

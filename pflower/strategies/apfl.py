@@ -48,7 +48,6 @@ from pflower.strategies.registry import Algorithm
 from pflower.strategies.server import PersonalizedStrategy
 from pflower.task import split as splits
 from pflower.task import train as training
-from pflower.task.state import load_matching
 from pflower.wire import NUM_EXAMPLES, PHASE, PRETRAIN, ClientUpdate
 
 if TYPE_CHECKING:
@@ -110,17 +109,19 @@ class APFLClient(ClientHalf):
 
     def _state(self, job: ClientJob) -> tuple[dict[str, torch.Tensor], float, int] | None:
         names = _names(job.model)
-        v = load_matching(job.store, V_KEY, splits.get_tensors(job.model, names))
+        v = job.load(V_KEY, splits.get_tensors(job.model, names))
         template = {
             "alpha": torch.zeros(1, dtype=torch.float64),
             "steps": torch.zeros(1, dtype=torch.int64),
         }
-        extra = load_matching(job.store, ALPHA_KEY, template)
+        extra = job.load(ALPHA_KEY, template)
         if v is None or extra is None:
+            job.restored = False  # half a state is none: the client starts afresh
             return None
         alpha, steps = float(extra["alpha"]), int(extra["steps"])
         if not 0 <= alpha <= 1 or steps < 0:  # a state no APFL step can have produced
             log.warning("stored APFL state alpha = %s, steps = %s: re-initialising", alpha, steps)
+            job.restored = False
             return None
         return v, alpha, steps
 

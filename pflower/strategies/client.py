@@ -171,11 +171,18 @@ class ClientJob:
     def evaluate(self) -> dict:
         return training.evaluate(self.model, self.test_loader, self.device)
 
+    def load(self, key: str, template: Mapping[str, torch.Tensor]) -> dict | None:
+        """This client's stored state ``key`` if it fits ``template`` (``load_matching``),
+        else ``None``; every algorithm's state is read here, so that ``personal-restored``
+        says whether the client resumed state of its own."""
+        stored = load_matching(self.store, key, template)
+        self.restored = self.restored or stored is not None
+        return stored
+
     def restore_personal(self, key: str = PERSONAL) -> bool:
         """Load this client's stored personal part; the init if none. True if one was stored."""
-        stored = load_matching(self.store, key, self.init_personal)
+        stored = self.load(key, self.init_personal)
         splits.set_tensors(self.model, stored if stored is not None else self.init_personal)
-        self.restored = self.restored or stored is not None
         return stored is not None
 
     def save_personal(self, key: str = PERSONAL) -> None:

@@ -178,6 +178,11 @@ class _FFGGClientBase(ClientHalf):
     def new_client(self, job: ClientJob) -> None:
         self.init_personal(job)
 
+    @staticmethod
+    def restored(job: ClientJob) -> dict[str, float]:
+        """``personal-restored`` where w is kept between rounds (``ffgg-init = "stored"``)."""
+        return {"personal-restored": float(job.restored)} if job.cfg.ffgg_init == "stored" else {}
+
     def fine_tune_personal(self, job: ClientJob) -> int:
         """Alg. 2 with the configured solver; returns the examples it went through."""
         cfg, params = job.cfg, job.personal_params()
@@ -237,6 +242,7 @@ class FFGGClient(_FFGGClientBase):
             NUM_EXAMPLES: job.num_train,
             "grad-norm": norm,
             "data-passes": seen / max(1, job.num_train) + 1.0,
+            **self.restored(job),
         }
 
 
@@ -272,6 +278,7 @@ class LocalFFGGClient(_FFGGClientBase):
             "train-loss": result.loss,
             "grad-norm": norm,
             "data-passes": (seen + result.examples) / max(1, job.num_train),
+            **self.restored(job),
         }
 
 

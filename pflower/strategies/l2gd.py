@@ -38,7 +38,6 @@ from pflower.strategies.registry import Algorithm
 from pflower.strategies.server import PersonalizedStrategy
 from pflower.task import split as splits
 from pflower.task import train as training
-from pflower.task.state import load_matching
 from pflower.wire import LR, ClientUpdate
 
 if TYPE_CHECKING:
@@ -165,7 +164,7 @@ class L2GDClient(ClientHalf):
 
     def _local_model(self, job: ClientJob) -> dict | None:
         names = [n for n, _ in job.model.named_parameters()]
-        return load_matching(job.store, LOCAL_MODEL, splits.get_tensors(job.model, names))
+        return job.load(LOCAL_MODEL, splits.get_tensors(job.model, names))
 
     def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
         x_bar = splits.get_tensors(job.model, job.split.shared)

@@ -248,7 +248,11 @@ class PFLEGOClient(ClientHalf):
             head.bias -= rate * g_b
         job.save_personal()
         record = ArrayRecord({n: g.cpu() for n, g in zip(job.split.shared, g_theta)})
-        return record, {NUM_EXAMPLES: job.num_train, "head-loss": float(loss)}
+        return record, {
+            NUM_EXAMPLES: job.num_train,
+            "head-loss": float(loss),
+            "personal-restored": float(job.restored),
+        }
 
     def new_client(self, job: ClientJob) -> None:
         """A brand-new client: a fresh head, tau - 1 head steps on the current body."""

@@ -39,7 +39,6 @@ from pflower.strategies.fedavg import FedAvgClient
 from pflower.strategies.registry import Algorithm
 from pflower.strategies.server import PersonalizedStrategy
 from pflower.task import train as training
-from pflower.task.state import load_matching
 from pflower.wire import DELTA, ClientUpdate
 
 if TYPE_CHECKING:
@@ -112,7 +111,7 @@ class ScaffoldClient(FedAvgClient):
         control = job.received[CONTROL].to_torch_state_dict()
         c = [control[n].to(job.device) for n in names]
         zeros = {n: torch.zeros_like(p, device="cpu") for n, p in zip(names, params)}
-        stored = load_matching(job.store, CLIENT_CONTROL, zeros)
+        stored = job.load(CLIENT_CONTROL, zeros)
         c_i = [(stored or zeros)[n].to(job.device) for n in names]
         x = [p.detach().clone() for p in params]
         if job.cfg.scaffold_control == "full-gradient":  # option I: g_i(x), before the steps

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import uuid
 from abc import abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -66,6 +67,7 @@ from pflower.wire import (
     PERSONAL_INIT,
     PHASE,
     PRETRAIN,
+    RUN_TAG,
     SERVER_ROUND,
     TRAIN,
     ClientUpdate,
@@ -272,6 +274,9 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         self.extra_reply_keys: tuple[str, ...] = ()  # records a reply carries besides reply_key
         self._current: ArrayRecord = ArrayRecord()
         self._asked: set[int] = set()  # the nodes of the round's messages
+        #: sent with every message: devices version their state by (run tag, round)
+        #: (``context_store.ScopedStore``); a run resumed from a checkpoint keeps its tag
+        self.run_tag = ""
         self._round_start = 0.0
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -284,6 +289,7 @@ class PersonalizedStrategy(NodeSampling, Strategy):
             )
         self.num_rounds = num_rounds
         self.history = []
+        self.run_tag = uuid.uuid4().hex[:12]
         window = self.max_in_flight or (SIMULATION_WINDOW if in_memory_grid(grid) else 0)
         if window:
             grid = Window(grid, window)
@@ -354,7 +360,9 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         content = RecordDict(
             {
                 ARRAYS: arrays,
-                CONFIG: ConfigRecord({**config, SERVER_ROUND: server_round, PHASE: phase}),
+                CONFIG: ConfigRecord(
+                    {**config, SERVER_ROUND: server_round, PHASE: phase, RUN_TAG: self.run_tag}
+                ),
             }
         )
         if self.personal_init is not None:
