@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from pathlib import Path
 from uuid import uuid4
 
 from flwr.app import Context, Error, Message, RecordDict
@@ -166,13 +167,20 @@ class LocalGrid(Grid):
         return reply
 
 
-def run_local(overrides: Mapping, num_nodes: int, client_app: ClientApp | None = None, **kwargs):
+def run_local(
+    overrides: Mapping,
+    num_nodes: int,
+    client_app: ClientApp | None = None,
+    out: Path | None = None,
+    **kwargs,
+):
     """Run the config ``overrides`` on a ``LocalGrid``: the ServerApp's ``run`` with the
-    ClientApp of ``pflower.client_app`` (or ``client_app``). Returns the ``RunReport``."""
+    ClientApp of ``pflower.client_app`` (or ``client_app``), its outputs into ``out`` (default:
+    a new directory under ``outputs-dir``). Returns the ``RunReport``."""
     from pflower.client_app import build_client_app
     from pflower.config import Config
     from pflower.server_app import run
 
     cfg = Config.from_run_config(dict(overrides))
     app = client_app or build_client_app(overrides)
-    return run(LocalGrid(app, num_nodes, seed=cfg.seed, **kwargs), cfg)
+    return run(LocalGrid(app, num_nodes, seed=cfg.seed, **kwargs), cfg, out)

@@ -1,0 +1,188 @@
+"""Experiment files (``pflower.experiment``): a bad file fails at load naming what is wrong,
+a finished run is never run again, and one command leaves every run's outputs, the summary
+table and the comparison plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import pytest
+
+from pflower import experiment
+from pflower.experiment import ExperimentError, execute, finished, load, write_summary
+
+TINY = """
+[experiment]
+nodes = 3
+seeds = [0, 1]
+workers = 2
+baseline = "FedAvg"
+
+[base]
+dataset = "digits"
+num-server-rounds = 2
+pretrain-rounds = 0
+evaluate-every = 1
+fraction-train = 1.0
+finetune-epochs = 1
+
+[[run]]
+name = "FedAvg"
+algorithm = "fedavg"
+split = "none"
+
+[[run]]
+name = "FedAlt"
+algorithm = "fedalt"
+grid = { split = ["head", "input"] }
+"""
+
+
+def write(tmp_path, text: str, name: str = "exp.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_file_expands_to_named_runs_with_their_configs(tmp_path):
+    exp = load(write(tmp_path, TINY), out=tmp_path / "out")
+    assert exp.labels == ["FedAvg", "FedAlt split=head", "FedAlt split=input"]
+    assert len(exp.runs) == 6
+    run = next(r for r in exp.runs if r.label == "FedAlt split=input" and r.seed == 1)
+    assert run.config["split"] == "input" and run.config["seed"] == 1
+    assert run.config["algorithm"] == "fedalt" and run.config["dataset"] == "digits"
+    assert run.directory(exp.out) == tmp_path / "out" / "runs" / "FedAlt_split=input" / "seed-1"
+    only = load(write(tmp_path, TINY), only=["FedAlt"], seeds=[3], overrides={"lr": 0.1})
+    assert only.labels == ["FedAlt split=head", "FedAlt split=input"]
+    assert {r.seed for r in only.runs} == {3} and all(r.config["lr"] == 0.1 for r in only.runs)
+
+
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        # a run-config key: the run, the key and the rule, from pflower.config
+        (
+            ('[[run]]\nname = "FedAvg"', '[[run]]\nname = "FedAvg"\nlrr = 0.1'),
+            ["'FedAvg'", "'lrr'", "unknown key"],
+        ),
+        (
+            ("finetune-epochs = 1", 'finetune-epochs = 1\npartitioner = "pathologic"'),
+            ["'partitioner'", "'pathologic'", "'pathological'"],
+        ),
+        (
+            ('grid = { split = ["head", "input"] }', 'grid = { split = ["head", "inptu"] }'),
+            ["'FedAlt split=inptu'", "'split'", "'inptu'"],
+        ),
+        # the experiment's own keys and tables
+        (("nodes = 3", "nodes = 3\nworkerz = 2"), ["'workerz'", "allowed", "workers"]),
+        (("nodes = 3", "nodes = 0"), ["'nodes'", ">= 1"]),
+        (("seeds = [0, 1]", "seeds = []"), ["'seeds'", "non-empty"]),
+        (("[base]", "[bsae]"), ["[bsae]", "[base]"]),
+        (('baseline = "FedAvg"', 'baseline = "FedAvgg"'), ["'baseline'", "'FedAvgg'"]),
+        (("finetune-epochs = 1", "finetune-epochs = 1\nseed = 3"), ["'seed'", "seeds"]),
+        (
+            ('name = "FedAlt"\nalgorithm', 'name = "FedAlt"\nsplit = "head"\nalgorithm'),
+            ["'FedAlt'", "'split'", "its own grid"],
+        ),
+        (  # a key both set by a run and varied by the shared grid
+            ("finetune-epochs = 1", 'finetune-epochs = 1\n\n[grid]\nsplit = ["head", "input"]'),
+            ["'FedAvg'", "'split'", "also in [grid]"],
+        ),
+        (
+            (
+                'name = "FedAlt"\nalgorithm = "fedalt"\ngrid = { split = ["head", "input"] }',
+                'name = "FedAvg"\nalgorithm = "fedalt"\nsplit = "head"',
+            ),
+            ["'FedAvg'", "more than once"],
+        ),
+    ],
+)
+def test_a_bad_file_fails_at_load_naming_the_key(tmp_path, edit, named):
+    old, new = edit
+    assert old in TINY
+    with pytest.raises(ExperimentError) as err:
+        load(write(tmp_path, TINY.replace(old, new, 1)))
+    for part in named:
+        assert part in str(err.value), (part, str(err.value))
+
+
+def test_the_command_refuses_a_bad_file_before_running_anything(tmp_path, capsys):
+    path = write(tmp_path, TINY.replace("fraction-train = 1.0", "fraction-train = 1.5"))
+    assert experiment.main([str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "'fraction-train'" in err and "1.5" in err
+    assert not (tmp_path / "out").exists()
+
+
+def _mark(run, exp) -> int:
+    return (run.directory(exp.out) / "run.json").stat().st_mtime_ns
+
+
+def test_runs_resume_and_summarize(tmp_path):
+    """One execute runs everything (two worker processes) and writes the summary; a second
+    runs nothing; a changed key or a lost run.json reruns exactly those runs."""
+    path = write(tmp_path, TINY)
+    exp = load(path, out=tmp_path / "out")
+    rows = execute(exp, progress=False)
+    assert len(rows) == 6 and all(finished(r, exp) for r in exp.runs)
+    marks = {(r.label, r.seed): _mark(r, exp) for r in exp.runs}
+
+    text = write_summary(exp, rows)
+    for name in ("summary.csv", "table.md", "curves.png", "clients.png"):
+        assert (exp.out / name).stat().st_size > 0, name
+    lines = [line for line in text.splitlines() if line.startswith("| FedA")]
+    assert [line.split(" | ")[0] for line in lines] == [
+        "| FedAvg",
+        "| FedAlt split=head",
+        "| FedAlt split=input",
+    ]
+    with open(exp.out / "summary.csv") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 6
+    fedavg = [r for r in table if r["label"] == "FedAvg"]
+    # FedAvg's own personalized model is its global one: it hurts no client against itself
+    assert all(r["hurt-vs-baseline"] == "0" for r in fedavg)
+    assert all(float(r["train-bytes-down-per-round"]) > 0 for r in table)
+    # the head split leaves the head at home: fewer bytes each way than the whole model
+    head = next(r for r in table if r["label"] == "FedAlt split=head")
+    assert float(head["train-bytes-up-per-round"]) < float(fedavg[0]["train-bytes-up-per-round"])
+
+    again = execute(load(path, out=tmp_path / "out"), progress=False)
+    assert len(again) == 6
+    assert marks == {(r.label, r.seed): _mark(r, exp) for r in exp.runs}
+
+    lost = next(r for r in exp.runs if r.label == "FedAvg" and r.seed == 1)
+    (lost.directory(exp.out) / "run.json").unlink()
+    changed = load(path, out=tmp_path / "out", overrides={"lr": 0.02}, only=["FedAlt"])
+    assert not any(finished(r, changed) for r in changed.runs)  # lr changed: not the same run
+    exp = load(path, out=tmp_path / "out")
+    assert [r for r in exp.runs if not finished(r, exp)] == [lost]
+    execute(exp, progress=False)
+    rerun = {(r.label, r.seed) for r in exp.runs if _mark(r, exp) != marks[r.label, r.seed]}
+    assert rerun == {(lost.label, lost.seed)}
+
+
+def test_a_run_writes_its_report_files(tmp_path):
+    """One run's outputs: the plots, results.json with bytes on the wire, config.json with
+    the seed and what produced the run, the console log of the worker."""
+    exp = load(write(tmp_path, TINY), out=tmp_path / "out", only=["FedAlt split=head"], seeds=[0])
+    (run,) = exp.runs
+    (row,) = execute(exp, progress=False)
+    out = run.directory(exp.out)
+    for name in ("accuracy.png", "clients.png", "labels.png", "clients.csv", "log.txt"):
+        assert (out / name).stat().st_size > 0, name
+    results = json.loads((out / "results.json").read_text())
+    first = results["rounds"][0]
+    assert first["wire"]["train-down"] > 0 and first["wire"]["train-up"] > 0
+    assert first["wire"]["evaluate-down"] > 0 and first["wire"].get("evaluate-up", 0) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["seed"] == 0 and config["run-config"]["split"] == "head"
+    produced = config["produced-by"]
+    assert {"pflower", "flwr", "torch", "python", "git-commit", "machine"} <= set(produced)
+    log = (out / "log.txt").read_text()
+    assert "round 2/2 |" in log  # the compact round line went to the run's log, not the bar
+    assert "Aggregated MetricRecord" not in log  # Flower's raw dicts are left out
+    assert row["seconds-per-round"] > 0 and row["cpu-seconds"] > 0
+    assert os.path.basename(row["path"]) == "seed-0"
