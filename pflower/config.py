@@ -237,11 +237,14 @@ class RunSettings(Settings):
     seed: int = Field(0, ge=0)
     device: DeviceName = "auto"
     outputs_dir: str = Field("outputs", alias="outputs-dir")
-    #: save the shared parameters every this many rounds (outputs/<run>/checkpoints/); 0: only
-    #: the final ones (final-shared.pt)
-    checkpoint_every: int = Field(0, alias="checkpoint-every", ge=0)
-    #: start from these shared parameters (a final-shared.pt or a checkpoint) instead of the
-    #: seeded init: resumes a run (the clients' personal state is on their side)
+    #: a checkpoint (``pflower/checkpoint.py``) every this many rounds into
+    #: outputs/<run>/checkpoints/; 0 (auto): every round in deployment, none in simulation;
+    #: -1: none
+    checkpoint_every: int = Field(0, alias="checkpoint-every", ge=-1)
+    #: how many of the newest checkpoints are kept
+    checkpoint_keep: int = Field(3, alias="checkpoint-keep", ge=1)
+    #: a checkpoint (or a run directory: its newest) continues that run after its round; a
+    #: file of shared parameters (final-shared.pt) is a warm start instead of the seeded init
     resume_from: str = Field("", alias="resume-from")
     #: the federation / experiment the clients' personal state belongs to: state is loaded only
     #: by runs of the same experiment name, algorithm, model, data set and personal part

@@ -11,7 +11,7 @@ import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
-from pflower import report
+from pflower import checkpoint, report
 from pflower.config import Config, ConfigError
 from pflower.strategies import (
     build_run_model,
@@ -77,15 +77,17 @@ def run(grid: Grid, cfg: Config) -> report.RunReport:
     # With FedAvg pre-training the whole model travels first; the strategy splits it after.
     initial = [n for n, _ in model.named_parameters()] if cfg.pretrain_rounds else split.shared
     tensors = get_tensors(model, initial)
+    resume = None  # a checkpoint this run continues (pflower.checkpoint)
     if cfg.resume_from:
-        tensors = resumed(cfg.resume_from, tensors)
+        tensors, resume = resume_point(cfg, strategy, model, split, tensors)
     out = report.output_dir(cfg)
     final = strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord(tensors),
         num_rounds=cfg.total_rounds,
         timeout=cfg.round_timeout or None,  # 0: RoundDeadline
-        evaluate_fn=checkpointing(cfg, out, server_evaluation(cfg, strategy, grid)),
+        evaluate_fn=checkpointing(cfg, out, strategy, grid, server_evaluation(cfg, strategy, grid)),
+        **({"resume": resume} if resume else {}),
     )
     result = report.RunReport(
         cfg=cfg,
@@ -102,12 +104,33 @@ def run(grid: Grid, cfg: Config) -> report.RunReport:
     return result
 
 
-def resumed(path: str, tensors: dict) -> dict:
-    """The shared parameters saved at ``path`` (``resume-from``), checked against the model."""
-    try:
-        saved = torch.load(Path(path).expanduser(), map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, ValueError) as err:
-        raise ValueError(f"key 'resume-from' = {path!r}: cannot be read ({err})") from None
+def resume_point(
+    cfg: Config, strategy, model: torch.nn.Module, split: Split, tensors: dict
+) -> tuple[dict, checkpoint.Checkpoint | None]:
+    """What ``resume-from`` starts from: a checkpoint's round, arrays and strategy state
+    (the run continues), or a file's shared parameters (a warm start)."""
+    found = checkpoint.read(cfg.resume_from)
+    if isinstance(found, checkpoint.Checkpoint):
+        if found.continuable and checkpoint.continuable(strategy):
+            found.check(cfg)
+            # up to the last pre-training round the whole model travels, the shared part after
+            whole = cfg.pretrain_rounds and found.round <= cfg.pretrain_rounds
+            names = [n for n, _ in model.named_parameters()] if whole else split.shared
+            checkpoint.check_arrays(found, get_tensors(model, names))
+            log.info("resume-from: continuing the run of %s", checkpoint.describe(found))
+            return dict(found.arrays), found
+        log.warning(
+            "resume-from: %s cannot be continued by %r: starting from its shared parameters",
+            checkpoint.describe(found),
+            cfg.algorithm,
+        )
+        found = found.arrays
+    return resumed(cfg.resume_from, found, tensors), None
+
+
+def resumed(path: str, saved: dict, tensors: dict) -> dict:
+    """The shared parameters ``saved`` (read from ``path``, ``resume-from``), checked against
+    the model."""
     mismatch = {k for k in tensors if k not in saved or saved[k].shape != tensors[k].shape}
     if mismatch or set(saved) != set(tensors):
         raise ValueError(
@@ -118,21 +141,13 @@ def resumed(path: str, tensors: dict) -> dict:
     return {k: saved[k].to(tensors[k].dtype) for k in tensors}
 
 
-def checkpointing(cfg: Config, out: Path, evaluate_fn):
-    """Wrap Flower's per-round ``evaluate_fn`` hook: every ``checkpoint-every`` rounds save
-    the shared parameters to ``out/checkpoints/round-<r>.pt``."""
-    if not cfg.checkpoint_every:
+def checkpointing(cfg: Config, out: Path, strategy, grid: Grid, evaluate_fn):
+    """Wrap Flower's per-round ``evaluate_fn`` hook: a checkpoint of ``strategy`` into
+    ``out/checkpoints/`` every ``checkpoint-every`` rounds (``pflower.checkpoint``)."""
+    every = checkpoint.interval(cfg, grid)
+    if not every:
         return evaluate_fn
-
-    def evaluate(server_round: int, arrays: ArrayRecord):
-        if server_round and server_round % cfg.checkpoint_every == 0:
-            (out / "checkpoints").mkdir(exist_ok=True)
-            torch.save(
-                arrays.to_torch_state_dict(), out / "checkpoints" / f"round-{server_round}.pt"
-            )
-        return evaluate_fn(server_round, arrays) if evaluate_fn else None
-
-    return evaluate
+    return checkpoint.Checkpointer(cfg, out, strategy, every, cfg.checkpoint_keep, evaluate_fn)
 
 
 def server_evaluation(cfg: Config, strategy, grid: Grid):

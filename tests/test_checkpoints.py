@@ -31,9 +31,10 @@ def test_device_model_is_final_shared_plus_its_own_personal_layers(tmp_path, cap
     report = run_local({**RUN, "outputs-dir": str(tmp_path / "out")}, 3, node_configs=nodes)
     run = report.path
     assert (run / "final-shared.pt").exists()
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["round-1.pt", "round-2.pt"]
+    kept = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert kept == ["round-0.pt", "round-1.pt", "round-2.pt"]  # round 0: the run's start
     final = torch.load(run / "final-shared.pt", weights_only=True)
-    last = torch.load(run / "checkpoints" / "round-2.pt", weights_only=True)
+    last = torch.load(run / "checkpoints" / "round-2.pt", weights_only=True)["arrays"]
     assert all(torch.equal(final[k], last[k]) for k in final)
     # the device's model scores on its test split what the client reported at the end
     with open(run / "clients.csv") as f:

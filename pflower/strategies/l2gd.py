@@ -92,6 +92,10 @@ class L2GD(PersonalizedStrategy):
         communications is (1 - p) / p.
     """
 
+    #: what a checkpoint keeps besides the base strategy's (``pflower.checkpoint``): the
+    #: coins still to flip and the iteration count
+    checkpoint_attributes = ("coins", "iterations", "_pending_average")
+
     def __init__(self, *, lam: float = 0.1, p: float = 0.1, **kwargs) -> None:
         super().__init__(**kwargs)
         if not 0 < p < 1:

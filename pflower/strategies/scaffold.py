@@ -67,6 +67,9 @@ class Scaffold(PersonalizedStrategy):
     ``PersonalizedStrategy``; replies carry ``delta`` and ``control-delta``.
     """
 
+    #: what a checkpoint keeps besides the base strategy's (``pflower.checkpoint``): c
+    checkpoint_attributes = ("control",)
+
     def __init__(self, **kwargs) -> None:
         super().__init__(reply_key=DELTA, **kwargs)
         self.extra_reply_keys = (CONTROL_DELTA,)

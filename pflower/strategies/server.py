@@ -290,6 +290,9 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         self.num_rounds = num_rounds
         self.history = []
         self.run_tag = uuid.uuid4().hex[:12]
+        resume = kwargs.pop("resume", None)  # a pflower.checkpoint.Checkpoint to continue
+        if resume is not None:
+            resume.restore(self)  # sampler, server optimizer, history, run tag... of round r
         window = self.max_in_flight or (SIMULATION_WINDOW if in_memory_grid(grid) else 0)
         if window:
             grid = Window(grid, window)
@@ -297,6 +300,12 @@ class PersonalizedStrategy(NodeSampling, Strategy):
             grid, kwargs["timeout"] = RoundDeadline(grid), None
         # as long as a round may take: a busy machine can start its nodes slowly
         self.learn_partitions(grid, timeout=kwargs.get("timeout") or 3600.0)
+        if resume is not None:
+            from pflower.checkpoint import continue_rounds
+
+            return continue_rounds(
+                self, grid, initial_arrays, resume.round + 1, num_rounds, **kwargs
+            )
         return super().start(grid, initial_arrays, num_rounds=num_rounds, **kwargs)
 
     def summary(self) -> None:

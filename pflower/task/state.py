@@ -73,16 +73,22 @@ class DirectoryStore:
             aside = path.with_name(f"{path.name}.not-a-file-{os.getpid()}")
             log.warning("personal state %s is not a file; moved aside to %s", path, aside)
             path.rename(aside)
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save({n: t.detach().cpu() for n, t in tensors.items()}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        save_atomic({n: t.detach().cpu() for n, t in tensors.items()}, path)
+
+
+def save_atomic(obj: object, path: Path) -> None:
+    """``torch.save(obj, path)`` so that a crash leaves the old file or the new one, never
+    half of one: a temporary file beside it, fsync, then ``os.replace``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def load_matching(

@@ -1,0 +1,117 @@
+"""Crash recovery in process (``pflower.checkpoint``): a run whose server dies in round k + 1,
+after the clients trained and stored their state for that round, resumed from its checkpoint
+of round k, ends with exactly the shared parameters and history of the run that never died.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pflower import checkpoint
+from pflower.client_app import build_client_app
+from pflower.config import Config, ConfigError
+from pflower.experiments.local_grid import LocalGrid
+from pflower.server_app import run
+
+BASE = {
+    "dataset": "digits",
+    "model": "mlp",
+    "split": "head",
+    "partitioner": "pathological",
+    "batch-size": 32,
+    "max-train-samples": 60,
+    "num-server-rounds": 4,
+    "fraction-train": 0.5,
+    "evaluate-every": 2,
+    "finetune-epochs": 1,
+    "checkpoint-every": 1,
+    "checkpoint-keep": 2,
+}
+CASES = {
+    # stateful clients (v kept between rounds), the sampler and the server's plain mean
+    "fedalt": {"algorithm": "fedalt"},
+    # FFGG with a server Adam: its moments and step count must survive the crash
+    "ffgg": {"algorithm": "ffgg", "server-optimizer": "adam", "server-lr": 0.01},
+}
+
+
+class ServerDied(Exception):
+    """The SuperLink (and the ServerApp in it) died."""
+
+
+class DyingGrid(LocalGrid):
+    """A ``LocalGrid`` whose server dies once the training replies of ``dies_in`` are back:
+    the clients have trained and stored their state for a round the server never commits."""
+
+    dies_in: int | None = None
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        replies = super().send_and_receive(messages, timeout=timeout)
+        train = [m for m in messages if m.metadata.message_type == "train"]
+        if train and int(train[0].content["config"]["server-round"]) == self.dies_in:
+            raise ServerDied(f"round {self.dies_in}")
+        return replies
+
+
+def _run(overrides, grid):
+    return run(grid, Config.from_run_config(overrides))
+
+
+@pytest.mark.parametrize("algorithm", sorted(CASES))
+def test_killed_after_round_k_and_resumed_equals_the_uninterrupted_run(tmp_path, algorithm):
+    overrides = {**BASE, **CASES[algorithm]}
+    whole = _run(
+        {**overrides, "outputs-dir": str(tmp_path / "whole")},
+        LocalGrid(build_client_app(overrides), 4, seed=0),
+    )
+
+    devices = DyingGrid(build_client_app(overrides), 4, seed=0)  # they outlive the server
+    devices.dies_in = 3
+    with pytest.raises(ServerDied):
+        _run({**overrides, "outputs-dir": str(tmp_path / "crashed")}, devices)
+    (crashed,) = (tmp_path / "crashed").iterdir()
+    kept = sorted(p.name for p in (crashed / "checkpoints").iterdir())
+    assert kept == ["round-1.pt", "round-2.pt"]  # checkpoint-keep = 2, atomic: no temp file
+
+    devices.dies_in = None
+    resumed = _run(
+        {**overrides, "outputs-dir": str(tmp_path / "resumed"), "resume-from": str(crashed)},
+        devices,
+    )
+    assert set(resumed.shared) == set(whole.shared)
+    for name, tensor in whole.shared.items():
+        assert torch.equal(resumed.shared[name], tensor), name  # bit for bit
+    assert [r.round for r in resumed.rounds] == [1, 2, 3, 4]  # rounds 1-2 from the checkpoint
+    for mine, theirs in zip(resumed.rounds, whole.rounds):
+        assert mine.train == theirs.train and mine.evaluate == theirs.evaluate, mine.round
+    assert resumed.clients == whole.clients
+
+
+def test_a_resumed_run_must_be_the_same_run(tmp_path):
+    overrides = {**BASE, "algorithm": "fedalt", "num-server-rounds": 1}
+    first = _run(
+        {**overrides, "outputs-dir": str(tmp_path)}, LocalGrid(build_client_app(overrides), 4)
+    )
+    found = checkpoint.read(first.path)
+    assert isinstance(found, checkpoint.Checkpoint) and found.round == 1
+    with pytest.raises(ConfigError, match=r"'lr' = 0.1 \(checkpoint: 0.05\)"):
+        _run(
+            {**overrides, "lr": 0.1, "resume-from": str(first.path)},
+            LocalGrid(build_client_app(overrides), 4),
+        )
+    with pytest.raises(ConfigError, match="no round-<r>.pt checkpoint"):
+        checkpoint.read(tmp_path)
+
+
+def test_checkpoint_every_auto_is_every_round_in_deployment_only():
+    cfg = Config.from_run_config({})
+    assert checkpoint.interval(cfg, LocalGrid(build_client_app({}), 1)) == 0
+
+    class GrpcGrid:  # any grid that is neither Flower's simulation engine nor LocalGrid
+        pass
+
+    assert checkpoint.interval(cfg, GrpcGrid()) == 1
+    assert checkpoint.interval(Config.from_run_config({"checkpoint-every": -1}), GrpcGrid()) == 0
+    assert checkpoint.interval(Config.from_run_config({"checkpoint-every": 5}), GrpcGrid()) == 5
