@@ -1,9 +1,10 @@
 """Combining the clients' update vectors: the (weighted) mean in float64, or the run
-config's robust rule (``aggregators``)."""
+config's robust rule (``aggregators``), read straight from the replies: never all N updates
+at once in float64, never a second copy of the replies for a coordinate-wise rule."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -56,4 +57,49 @@ def weighted_mean_of_updates(
     for k, c in current.items():
         c64 = c.astype(np.float64)
         out[k] = sum(wi * (c64 - a[k]) for wi, a in zip(w, arrays))
+    return out
+
+
+def robust_combine(
+    rule: Aggregator,
+    arrays: Sequence[Mapping[str, np.ndarray]],
+    f: int,
+    center: Mapping[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """``rule`` over the update vectors ``u_i = arrays[i]``, or ``center - arrays[i]`` with
+    ``center`` (returned weights), reading the arrays (the replies' bytes) in place.
+
+    A coordinate-wise rule (median, trimmed mean, their bucketing) goes layer by layer, tile
+    by tile (``aggregators.tile_columns`` coordinates x N replies, transposed so that each
+    coordinate's N values are contiguous): memory stays at two tiles whatever N and d. With
+    ``center`` it uses rule(c - x) = c - rule(x) (the rule commutes with the reflection and
+    the shift: an order statistic of c - x is c minus the mirrored one of x, and a mean of
+    them likewise), so no update is ever formed; for odd N the median is bit for bit that of
+    the updates, otherwise equal to float rounding. Any other rule gets one N x d stack
+    (float32 unless the model is float64) filled row by row from the replies, the updates
+    formed one layer at a time.
+    """
+    n = len(arrays)
+    rule.check(n, f)
+    if not rule.coordinatewise:
+        X, layout = aggregators.stack(arrays, center)
+        return aggregators.unstack(rule.aggregate(X, f), layout)
+    reduce = rule.columns(n, f)
+    step = aggregators.tile_columns(n)
+    out = {}
+    for name, first in arrays[0].items():
+        size, dtype = first.size, np.promote_types(first.dtype, np.float32)
+        flats = [np.asarray(a[name]).reshape(-1) for a in arrays]
+        rows = np.empty((n, min(step, size)), dtype)  # filled by contiguous copies, then
+        tile = np.empty((min(step, size), n), dtype)  # transposed in one pass
+        result = np.empty(size, dtype)
+        for lo in range(0, size, step):
+            width = min(step, size - lo)
+            for row, flat in zip(rows, flats):
+                row[:width] = flat[lo : lo + width]
+            np.copyto(tile[:width], rows[:, :width].T)
+            result[lo : lo + width] = reduce(tile[:width])
+        if center is not None:
+            result = np.subtract(center[name].reshape(-1), result, dtype=dtype)
+        out[name] = result.reshape(first.shape).astype(first.dtype, copy=False)
     return out

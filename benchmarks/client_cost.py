@@ -1,0 +1,153 @@
+"""What a training message costs a client besides training, and a round's CPU outside it.
+
+Runs one configuration through ``LocalGrid`` (every client in this process, one message at a
+time, so every CPU second is seen) and times, in CPU seconds of the process (all threads:
+torch's intra-op workers spend training CPU outside the calling thread):
+
+- ``train_ms``: the algorithm's local training (``ClientHalf.train``: the local epochs and
+  the reply's tensors), per training message, median;
+- ``setup_ms``: the rest of the ClientApp's handling of that message (run config, model,
+  data, personal state, reseeding, received arrays -> torch, the reply message), median;
+  ``setup_repeat_ms`` the same over the messages to a client this process has served
+  before (its data cached);
+- ``non_training_share``: per training round, the share of the process's CPU seconds (from
+  one ``configure_train`` to the next phase) spent outside ``ClientHalf.train`` (sampling,
+  messages, reply checks, aggregation, client set-up), median over rounds 2.. (round 1 also
+  loads the data).
+
+Two presets: ``leaf`` (the scale benchmark's clients: FedAlt, MLP, ``synthetic-leaf``, at most
+100 training samples, one local epoch, 10% of ``--clients`` per round) and ``mnist`` (the
+issue's 20 MLP clients on ``mnist-5k``, every client every round).
+
+    python benchmarks/client_cost.py --preset leaf --clients 1000
+    python benchmarks/client_cost.py --preset mnist --clients 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from scale import config as scale_config  # noqa: E402
+
+PRESETS = {
+    # the scale benchmark's clients; evaluation only at the end, one local epoch
+    "leaf": {**scale_config("fedalt", 0, 5, ""), "evaluate-every": 100, "local-epochs": 1},
+    "mnist": {
+        "algorithm": "fedalt",
+        "dataset": "mnist-5k",
+        "model": "mlp",
+        "split": "head",
+        "pretrain-rounds": 0,
+        "num-server-rounds": 5,
+        "fraction-train": 1.0,
+        "evaluate-every": 100,
+        "local-epochs": 1,
+        "finetune-epochs": 1,
+    },
+}
+
+
+def measure(preset: str, clients: int, out: str) -> dict:
+    from pflower.client_app import build_client_app
+    from pflower.config import Config
+    from pflower.experiments.local_grid import run_local
+    from pflower.strategies import get_algorithm
+    from pflower.strategies.server import PersonalizedStrategy
+
+    run = {**PRESETS[preset], "outputs-dir": out}
+    cfg = Config.from_run_config(run)
+    half = type(get_algorithm(cfg.algorithm).client)
+    train_fn, local = half.train, threading.local()
+    messages: list[tuple[float, float]] = []  # (whole message, training) CPU s
+    trained: list[float] = []  # training CPU s, in order, for the round totals
+
+    def timed_train(self, job, config):
+        start = time.process_time()
+        try:
+            return train_fn(self, job, config)
+        finally:
+            local.train = time.process_time() - start
+            trained.append(local.train)
+
+    app = build_client_app(run)
+
+    seen: set[int] = set()
+    repeat: list[float] = []  # set-up of training messages to a client seen before
+
+    def client(msg, context):
+        local.train, start = None, time.process_time()
+        reply = app(msg, context)
+        if local.train is not None:  # a training message
+            messages.append((time.process_time() - start, local.train))
+            if context.node_id in seen:
+                repeat.append(messages[-1][0] - local.train)
+            seen.add(context.node_id)
+        return reply
+
+    marks: list[tuple[str, float, int]] = []  # (phase, process CPU s, trainings so far)
+    originals = {
+        n: getattr(PersonalizedStrategy, n) for n in ("configure_train", "configure_evaluate")
+    }
+
+    def marking(name):
+        def wrapped(self, *args, **kwargs):
+            marks.append((name, time.process_time(), len(trained)))
+            return originals[name](self, *args, **kwargs)
+
+        return wrapped
+
+    half.train = timed_train
+    for name in originals:
+        setattr(PersonalizedStrategy, name, marking(name))
+    started = time.monotonic()
+    try:
+        run_local(run, clients, client_app=client)
+    finally:
+        half.train = train_fn
+        for name, fn in originals.items():
+            setattr(PersonalizedStrategy, name, fn)
+    shares = []
+    for (phase, cpu, done), (_, cpu_next, done_next) in zip(marks, marks[1:]):
+        if phase == "configure_train":
+            round_cpu = cpu_next - cpu
+            shares.append(1 - sum(trained[done:done_next]) / round_cpu)
+    setup = [total - train for total, train in messages]
+    return {
+        "preset": preset,
+        "clients": clients,
+        "messages": len(messages),
+        "train_ms": round(1000 * statistics.median(t for _, t in messages), 2),
+        "setup_ms": round(1000 * statistics.median(setup), 2),
+        "setup_over_train": round(
+            statistics.median(setup) / statistics.median(t for _, t in messages), 3
+        ),
+        "repeat_messages": len(repeat),
+        "setup_repeat_ms": round(1000 * statistics.median(repeat), 2) if repeat else None,
+        "non_training_share": round(statistics.median(shares[1:] or shares), 3),
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="leaf")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1000])
+    parser.add_argument("--out", default="/tmp/pflower-client-cost")
+    args = parser.parse_args(argv)
+    for clients in args.clients:
+        print(json.dumps(measure(args.preset, clients, args.out)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
