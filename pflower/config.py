@@ -48,6 +48,10 @@ ServerOptimizerName = Literal["auto", "sgd", "adam"]
 LRSchedule = Literal["constant", "linear", "exponential"]
 #: whether the clients' personal state carries across runs (``context_store.ScopedStore``)
 PersonalState = Literal["experiment", "run"]
+#: what the console shows of a run (``report.console``)
+Console = Literal["compact", "flower"]
+#: experiment tracking written next to the run's outputs (``report.Tracker``)
+Tracking = Literal["none", "tensorboard"]
 #: how a server mean weights the sampled clients: by training-set size or all alike
 Weighting = Literal["uniform", "num-examples"]
 RobustAggregator = Literal[
@@ -237,6 +241,12 @@ class RunSettings(Settings):
     seed: int = Field(0, ge=0)
     device: DeviceName = "auto"
     outputs_dir: str = Field("outputs", alias="outputs-dir")
+    #: ``compact``: one line per round and pflower's table last (Flower's per-round metric
+    #: dicts and final dump left out; results.json has them); ``flower``: Flower's output too
+    console: Console = "compact"
+    #: ``tensorboard``: event files in the run's output directory (``tensorboard/``, extra
+    #: ``tracking``); nothing is sent anywhere
+    tracking: Tracking = "none"
     #: a checkpoint (``pflower/checkpoint.py``) every this many rounds into
     #: outputs/<run>/checkpoints/; 0 (auto): every round in deployment, none in simulation;
     #: -1: none

@@ -27,8 +27,9 @@ The file::
     algorithm = "fedalt"
     grid = { lr = [0.01, 0.05] } # optional: a grid of this run only
 
-A run's config is ``base``, then the grid point, then the run's keys, then ``seed``. Its
-label is the name followed by the grid point (``FedAlt split=head lr=0.01``). Every run's
+A run's config is ``base``, then the grid point, then the run's keys, then the command's
+``--set`` keys, then ``seed``. Its label is the name followed by the grid point
+(``FedAlt split=head lr=0.01``). Every run's
 whole config is validated when the file is loaded (``pflower.config.Config``: an unknown key
 or a bad value names the run, the key, the value and what is allowed), before anything runs.
 
@@ -144,9 +145,9 @@ def load(
     only: Sequence[str] | None = None,
     out: str | Path | None = None,
 ) -> Experiment:
-    """Read and validate an experiment file. ``overrides`` are run-config keys over ``base``
-    (``--set``), ``seeds`` replaces the file's, ``only`` keeps the runs whose label or name
-    is listed, ``out`` replaces the output directory."""
+    """Read and validate an experiment file. ``overrides`` are run-config keys over every
+    run's own (``--set``), ``seeds`` replaces the file's, ``only`` keeps the runs whose
+    label or name is listed, ``out`` replaces the output directory."""
     path = Path(path)
     try:
         spec = tomllib.loads(path.read_text())
@@ -181,10 +182,11 @@ def load(
     )
     workers = meta.get("workers", 0)
     _expect(isinstance(workers, int) and workers >= 0, "workers", workers)
-    base = {**_table(spec, "base"), **dict(overrides or {})}
-    for key in base:
-        if key in RESERVED:
-            raise ExperimentError(f"[base] key {key!r}: not here; {RESERVED[key]}")
+    base = _table(spec, "base")
+    for where, table in (("[base]", base), ("--set", overrides or {})):
+        for key in table:
+            if key in RESERVED:
+                raise ExperimentError(f"{where} key {key!r}: not here; {RESERVED[key]}")
     grid = _grid(_table(spec, "grid"), "[grid]")
     entries = spec.get("run", [])
     if not isinstance(entries, list) or not entries:
@@ -195,7 +197,7 @@ def load(
     runs: list[Run] = []
     labels: list[str] = []
     for i, entry in enumerate(entries):
-        runs_of, label_list = _runs_of(entry, i, base, grid, seeds)
+        runs_of, label_list = _runs_of(entry, i, base, grid, seeds, dict(overrides or {}))
         runs += runs_of
         labels += label_list
     duplicates = sorted({x for x in labels if labels.count(x) > 1})
@@ -259,7 +261,12 @@ def _grid(table: Mapping, where: str) -> list[tuple[str, list]]:
 
 
 def _runs_of(
-    entry: Mapping, index: int, base: dict, grid: list[tuple[str, list]], seeds: list[int]
+    entry: Mapping,
+    index: int,
+    base: dict,
+    grid: list[tuple[str, list]],
+    seeds: list[int],
+    overrides: dict,
 ) -> tuple[list[Run], list[str]]:
     if not isinstance(entry, dict):
         raise ExperimentError(f"[[run]] number {index + 1}: must be a table")
@@ -288,7 +295,7 @@ def _runs_of(
         label = " ".join([name] + [f"{k}={v}" for k, v in varying])
         labels.append(label)
         for seed in seeds:
-            config = {**base, **dict(point), **entry, "seed": seed}
+            config = {**base, **dict(point), **entry, **overrides, "seed": seed}
             runs.append(Run(label, name, point, seed, config))
     return runs, labels
 
@@ -526,7 +533,7 @@ def row_of(directory: Path) -> dict:
     run_config = config["run-config"]
     pretrain = run_config.get("pretrain-rounds", 0)
     rounds = [r for r in results["rounds"] if r["round"] > pretrain and r["train"]]
-    trained = [r for r in results["rounds"] if r.get("wire", {}).get("train-down")]
+    trained = [r for r in results["rounds"] if "train-down" in r.get("wire", {})]
     row = {
         "label": meta["label"],
         "name": meta["name"],
@@ -739,7 +746,9 @@ def plot_curves(experiment: Experiment, rows: list[dict], path: Path) -> None:
         handles, names = axes[1].get_legend_handles_labels()
     fig.legend(handles, names, loc="center right", fontsize=8)
     fig.suptitle(f"{experiment.name}: mean over seeds, band = min..max over seeds")
-    fig.tight_layout(rect=(0, 0, 0.82, 1))
+    for ax in axes:
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.tight_layout(rect=(0, 0, 0.87, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
 

@@ -554,8 +554,8 @@ def summary_table(report: RunReport) -> str:
         f"({hurt_rule}): {'–' if hurt is None else int(hurt)}; "
         f"dropped replies: {report.dropped}",
     ]
-    down, up = wire_per_round(report.rounds)
-    if down or up:
+    if any("train-down" in r.wire for r in report.rounds):
+        down, up = wire_per_round(report.rounds)
         lines.append(
             f"on the wire per training round (arrays, mean): {human_bytes(down)} down, "
             f"{human_bytes(up)} up"
@@ -565,7 +565,7 @@ def summary_table(report: RunReport) -> str:
 
 def wire_per_round(rounds: list) -> tuple[float, float]:
     """Mean array bytes of a training round sent to the clients and received from them."""
-    trained = [r for r in rounds if r.wire.get("train-down")]
+    trained = [r for r in rounds if "train-down" in r.wire]
     if not trained:
         return 0.0, 0.0
     down = sum(r.wire["train-down"] for r in trained) / len(trained)

@@ -20,6 +20,7 @@ from pflower.strategies import (
     personal_split,
     wire_split,
 )
+from pflower.strategies.history import WireCount
 from pflower.task import linear
 from pflower.task.split import Split, get_tensors
 
@@ -54,8 +55,9 @@ def check_split(cfg: Config, split: Split, personal: Split) -> None:
         )
 
 
-def run(grid: Grid, cfg: Config) -> report.RunReport:
-    """Run ``cfg`` on the nodes of ``grid``; write the outputs and print the summary."""
+def run(grid: Grid, cfg: Config, out: Path | None = None) -> report.RunReport:
+    """Run ``cfg`` on the nodes of ``grid``; write the outputs (into ``out``, or a new
+    directory under ``outputs-dir``) and print the summary."""
     started = time.perf_counter()
     torch.manual_seed(cfg.seed)
     model = build_run_model(cfg)
@@ -80,15 +82,23 @@ def run(grid: Grid, cfg: Config) -> report.RunReport:
     resume = None  # a checkpoint this run continues (pflower.checkpoint)
     if cfg.resume_from:
         tensors, resume = resume_point(cfg, strategy, model, split, tensors)
-    out = report.output_dir(cfg)
-    final = strategy.start(
-        grid=grid,
-        initial_arrays=ArrayRecord(tensors),
-        num_rounds=cfg.total_rounds,
-        timeout=cfg.round_timeout or None,  # 0: RoundDeadline
-        evaluate_fn=checkpointing(cfg, out, strategy, grid, server_evaluation(cfg, strategy, grid)),
-        **({"resume": resume} if resume else {}),
-    )
+    if out is None:
+        out = report.output_dir(cfg)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+    wire = WireCount(grid)  # the array bytes of every message, by round
+    evaluate_fn = checkpointing(cfg, out, strategy, grid, server_evaluation(cfg, strategy, grid))
+    with report.console(cfg), report.Tracker(cfg, out) as tracker:
+        final = strategy.start(
+            grid=wire,
+            initial_arrays=ArrayRecord(tensors),
+            num_rounds=cfg.total_rounds,
+            timeout=cfg.round_timeout or None,  # 0: RoundDeadline
+            evaluate_fn=after_round(strategy, wire, tracker, evaluate_fn),
+            **({"resume": resume} if resume else {}),
+        )
+    for entry in strategy.history:  # rounds the hook did not see (an asynchronous server's)
+        entry.wire = wire.by_round.get(entry.round, entry.wire)
     result = report.RunReport(
         cfg=cfg,
         split=f"{split_name(cfg)} ({100 * personal.personal_fraction:.2f}% personal)",
@@ -141,6 +151,22 @@ def resumed(path: str, saved: dict, tensors: dict) -> dict:
     return {k: saved[k].to(tensors[k].dtype) for k in tensors}
 
 
+def after_round(strategy, wire: WireCount, tracker: report.Tracker, evaluate_fn):
+    """Wrap Flower's per-round ``evaluate_fn`` hook (called after each round's training and
+    evaluation): the round's bytes into its log, its console line, its tracking scalars."""
+
+    def evaluate(server_round: int, arrays: ArrayRecord):
+        result = evaluate_fn(server_round, arrays) if evaluate_fn else None
+        entry = next((e for e in reversed(strategy.history) if e.round == server_round), None)
+        if entry is not None:
+            entry.wire = wire.by_round.get(server_round, {})
+            log.info(report.round_line(entry, strategy.num_rounds))
+            tracker.add_round(entry)
+        return result
+
+    return evaluate
+
+
 def checkpointing(cfg: Config, out: Path, strategy, grid: Grid, evaluate_fn):
     """Wrap Flower's per-round ``evaluate_fn`` hook: a checkpoint of ``strategy`` into
     ``out/checkpoints/`` every ``checkpoint-every`` rounds (``pflower.checkpoint``)."""
@@ -181,10 +207,12 @@ def server_evaluation(cfg: Config, strategy, grid: Grid):
 def build_server_app(
     overrides: Mapping | None = None,
     on_report: Callable[[report.RunReport], None] | None = None,
+    out: Path | None = None,
 ) -> ServerApp:
     """A ServerApp; ``overrides`` are run-config keys applied over ``context.run_config``
     (``flwr.simulation.run_simulation`` passes no run config); ``on_report`` receives the
-    run's report (tests and benchmarks read results from it)."""
+    run's report (tests and benchmarks read results from it); ``out``: the output directory
+    (default: a new one under ``outputs-dir``)."""
     app = ServerApp()
 
     @app.main()
@@ -194,7 +222,7 @@ def build_server_app(
         # as failed with that message (Flower logs the exception after it).
         try:
             cfg = Config.from_run_config({**context.run_config, **(overrides or {})})
-            result = run(grid, cfg)  # checks the split against the model before any message
+            result = run(grid, cfg, out)  # checks the split against the model before any message
         except ConfigError as err:
             log.error("pflower: %s", err)
             raise

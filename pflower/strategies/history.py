@@ -1,14 +1,18 @@
 """Round history and per-client summaries (what results.json and the summary table are
 written from): the training metrics of a round, the evaluation statistics of DESIGN.md's
-protocol (pooled, mean, p10/p50/p90, worst, clients hurt), drops with their reasons."""
+protocol (pooled, mean, p10/p50/p90, worst, clients hurt), drops with their reasons, and
+the bytes each round put on the wire (``WireCount``)."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+from flwr.app import Message
 
-from pflower.wire import NUM_EXAMPLES
+from pflower.wire import CONFIG, NUM_EXAMPLES, SERVER_ROUND
 
 
 @dataclass
@@ -21,6 +25,85 @@ class RoundLog:
     dropped: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     server: dict[str, float] = field(default_factory=dict)  # server-side evaluation
+    #: array bytes sent to the clients (``<type>-down``) and received (``<type>-up``) per
+    #: message type (``train``, ``evaluate``), as ``WireCount`` measured them
+    wire: dict[str, int] = field(default_factory=dict)
+
+
+def train_loss(train: dict[str, float]) -> float | None:
+    """The round's training loss: ``train-loss``, else the first other ``*-loss`` metric
+    the clients report (an algorithm that trains only some parameters names its loss)."""
+    if "train-loss" in train:
+        return train["train-loss"]
+    return next((v for k, v in sorted(train.items()) if k.endswith("-loss")), None)
+
+
+def array_bytes(msg: Message) -> int:
+    """Bytes of the arrays a message carries, as Flower serializes them (``Array.data``, the
+    numpy ``.npy`` bytes); config and metric records (tens of bytes) are not counted."""
+    if msg.has_error():
+        return 0
+    return sum(
+        len(a.data) for record in msg.content.array_records.values() for a in record.values()
+    )
+
+
+class WireCount:
+    """A ``Grid`` in front of another that counts the array bytes of every message pushed
+    and every reply pulled, by round and message type: what partial personalization saves
+    is what it does not send. A reply counts in its request's round (matched by message
+    id), so an asynchronous server's late replies land where they were asked for."""
+
+    def __init__(self, grid) -> None:
+        self.grid = grid
+        self.by_round: dict[int, dict[str, int]] = {}
+        self._asked: dict[str, tuple[int, str]] = {}  # message id -> (round, type)
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str):
+        return getattr(self.grid, name)
+
+    def _add(self, server_round: int, key: str, size: int) -> None:
+        with self._lock:
+            counts = self.by_round.setdefault(server_round, {})
+            counts[key] = counts.get(key, 0) + size
+
+    @staticmethod
+    def _round_and_type(msg: Message) -> tuple[int, str]:
+        config = msg.content.config_records.get(CONFIG, {})
+        return int(config.get(SERVER_ROUND, 0)), msg.metadata.message_type.split(".")[0]
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        messages = list(messages)
+        ids = list(self.grid.push_messages(messages))
+        for msg, msg_id in zip(messages, ids):
+            server_round, kind = self._round_and_type(msg)
+            self._add(server_round, f"{kind}-down", array_bytes(msg))
+            if msg_id:
+                self._asked[msg_id] = (server_round, kind)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        replies = list(self.grid.pull_messages(message_ids))
+        for reply in replies:
+            asked = self._asked.pop(reply.metadata.reply_to_message_id, None)
+            if asked is not None:
+                self._add(asked[0], f"{asked[1]}-up", array_bytes(reply))
+        return replies
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout=None) -> Iterable[Message]:
+        # the wrapped grid's own send_and_receive may push through another path (a
+        # SuperLink's): count here, by the request each reply answers
+        messages = list(messages)
+        asked = [self._round_and_type(m) for m in messages]
+        for msg, (server_round, kind) in zip(messages, asked):
+            self._add(server_round, f"{kind}-down", array_bytes(msg))
+        replies = list(self.grid.send_and_receive(messages, timeout=timeout))
+        by_id = {m.metadata.message_id: a for m, a in zip(messages, asked)}
+        for reply in replies:
+            server_round, kind = by_id.get(reply.metadata.reply_to_message_id, asked[0])
+            self._add(server_round, f"{kind}-up", array_bytes(reply))
+        return replies
 
 
 def weighted_mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:

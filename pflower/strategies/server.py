@@ -45,10 +45,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from pflower.experiments import attacks
-from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.combine import (
     robust_aggregator,
+    robust_combine,
     weighted_mean,
     weighted_mean_of_updates,
 )
@@ -274,6 +274,7 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         self.extra_reply_keys: tuple[str, ...] = ()  # records a reply carries besides reply_key
         self._current: ArrayRecord = ArrayRecord()
         self._asked: set[int] = set()  # the nodes of the round's messages
+        self._sent: list[Message] = []  # the round's messages (``sender``)
         #: sent with every message: devices version their state by (run tag, round)
         #: (``context_store.ScopedStore``); a run resumed from a checkpoint keeps its tag
         self.run_tag = ""
@@ -379,9 +380,10 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         if message_type == MessageType.TRAIN and not self.pretraining(server_round):
             for key, record in self.extra_content(server_round).items():
                 content[key] = record
-        return [
+        self._sent = [
             Message(content=content, message_type=message_type, dst_node_id=n) for n in node_ids
         ]
+        return self._sent
 
     def extra_content(self, server_round: int) -> dict[str, ArrayRecord]:
         """Further ArrayRecords sent with each training message (e.g. Scaffold's control
@@ -450,9 +452,19 @@ class PersonalizedStrategy(NodeSampling, Strategy):
     def _count_silent(self, server_round: int, replies: list[Message]) -> None:
         """Count as dropped the nodes asked this round that sent nothing back (Flower's
         grid returns only the replies that arrived within ``timeout``)."""
-        answered = {msg.metadata.src_node_id for msg in replies}
+        answered = {self.sender(msg) for msg in replies}
         for node in sorted(self._asked - answered):
             self._drop(server_round, node, "no reply within the round timeout")
+
+    def sender(self, msg: Message) -> int:
+        """The node a reply comes from. For a node that died Flower's SuperLink answers
+        itself (an error reply whose source is the SuperLink, node id 1); the reply names the
+        message it answers, and that message's destination is the node."""
+        node = msg.metadata.src_node_id
+        if node in self._asked:
+            return node
+        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
+        return sent.get(msg.metadata.reply_to_message_id, node)
 
     def _drop(self, server_round: int, node_id: int, reason: str) -> None:
         dropped = self._log(server_round).dropped
@@ -461,7 +473,7 @@ class PersonalizedStrategy(NodeSampling, Strategy):
 
     def _metrics(self, server_round: int, msg: Message, required: Iterable[str]) -> dict | None:
         """The reply's single MetricRecord as a dict, or None (and a drop) if malformed."""
-        node = msg.metadata.src_node_id
+        node = self.sender(msg)
         if msg.has_error():
             self._drop(server_round, node, f"client error: {msg.error.reason}")
             return None
@@ -489,7 +501,7 @@ class PersonalizedStrategy(NodeSampling, Strategy):
             metrics = self._metrics(server_round, msg, [NUM_EXAMPLES])
             if metrics is None:
                 continue
-            node = msg.metadata.src_node_id
+            node = self.sender(msg)
             problem = self._num_examples_problem(node, metrics[NUM_EXAMPLES])
             if problem:
                 self._drop(server_round, node, problem)
@@ -582,16 +594,22 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         """New shared parameters from the current ones and the checked updates (non-empty)."""
 
     def combine(
-        self, vectors: list[Mapping[str, np.ndarray]], weights: Sequence[float]
+        self,
+        vectors: list[Mapping[str, np.ndarray]],
+        weights: Sequence[float],
+        center: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
-        """The clients' update vectors combined: ``weighted_mean`` or, with ``robust``, the
-        robust rule over them (unweighted; f = ``byzantine``, capped at what the rule
-        tolerates for this round's number of replies, with a warning)."""
+        """The clients' update vectors (``vectors``, or ``center - vectors[i]`` for returned
+        weights) combined: their weighted mean in float64 or, with ``robust``, the robust
+        rule over them (unweighted; f = ``byzantine``, capped at what the rule tolerates for
+        this round's number of replies, with a warning). Both read the replies in place and
+        never hold all N updates (``combine.weighted_mean_of_updates``, ``robust_combine``)."""
         if self.robust is None:
+            if center is not None:
+                return weighted_mean_of_updates(center, vectors, weights)
             return weighted_mean(vectors, weights)
         if self.robust.problem(len(vectors), 0):  # too few left after drops: no aggregate
             raise RoundSkipped(self.robust.problem(len(vectors), 0))
-        X, layout = aggregators.stack(vectors)
         f = min(self.byzantine, max(0, self.robust.max_byzantine(len(vectors))))
         if f < self.byzantine:
             log.warning(
@@ -601,7 +619,7 @@ class PersonalizedStrategy(NodeSampling, Strategy):
                 len(vectors),
                 self.byzantine,
             )
-        return aggregators.unstack(self.robust(X, f=f), layout)
+        return robust_combine(self.robust, vectors, f, center)
 
     def average_weights(
         self,
@@ -614,21 +632,8 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         with lr 1 gives the mean: FedAvg). The mean is taken over the updates
         ``current - w_i`` (the same thing), so a robust rule sees updates, not raw weights."""
         weights = [u.num_examples if weighted else 1.0 for u in updates]
-        if self.robust is None:  # the exact mean, streamed layer by layer
-            tensors = [u.tensors for u in updates]
-            return self.server_optimizer.step(
-                current, weighted_mean_of_updates(current, tensors, weights)
-            )
-        return self.server_optimizer.step(
-            current, self.combine(self.deltas(current, updates), weights)
-        )
-
-    def deltas(
-        self, current: dict[str, np.ndarray], updates: list[ClientUpdate]
-    ) -> list[dict[str, np.ndarray]]:
-        """The updates ``current - w_i`` in the model's dtype, for a robust rule (the exact
-        mean streams them in float64: ``weighted_mean_of_updates``)."""
-        return [{k: current[k] - u.tensors[k] for k in current} for u in updates]
+        tensors = [u.tensors for u in updates]
+        return self.server_optimizer.step(current, self.combine(tensors, weights, current))
 
     def simulate_omniscient(
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
@@ -698,7 +703,7 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         for msg in replies:
             metrics = self._metrics(server_round, msg, [NUM_EXAMPLES, "personal-loss"])
             if metrics is not None:
-                rows.append((msg.metadata.src_node_id, metrics))
+                rows.append((self.sender(msg), metrics))
         # the metrics most clients report (accuracies for a classifier...) every row must
         # have: one reply without them is dropped, not a KeyError in the summary
         counts: dict[str, int] = {}
