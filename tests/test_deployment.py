@@ -77,6 +77,7 @@ def test_tls_authenticated_federation_keeps_personal_layers(tmp_path):
     try:
         fed.prepare()
         fed.start_superlink()
+        fed.start_gateway()
         for i in range(2):
             fed.register(i)
             fed.start_supernode(i)
