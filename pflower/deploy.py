@@ -598,6 +598,36 @@ class Federation:
             env=self.env, capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
 
+    def submit(self, run_config: Mapping[str, object], app: str | os.PathLike,
+               label: str = "run") -> subprocess.Popen:  # fmt: skip
+        """``flwr run`` as ``run`` does, in the background: its output streams to
+        ``logs/<label>.log`` (``progress`` reads it)."""
+        items = " ".join(f"{k}={_toml(v)}" for k, v in run_config.items())
+        with open(self.logs / f"{label}.log", "wb") as log:
+            return subprocess.Popen(
+                [_bin("flwr"), "run", str(app), self.name, "--stream", "--run-config", items],
+                stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
+            )  # fmt: skip
+
+    def crash(self, label: str) -> list[int]:
+        """SIGKILL ``label``'s process, its process group and everything below it at once
+        (a power cut: nothing signs off, nothing is flushed); returns the pids killed."""
+        entry = self.entries.get(label)
+        if entry is None or not is_ours(int(entry["pid"]), list(entry["command"])):
+            return []
+        pid = int(entry["pid"])
+        tree = [pid, *descendants(pid)]
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        for target in tree:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(target, signal.SIGKILL)
+        proc = self.processes.get(label)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+        return tree
+
     def _save_pids(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         _write(self.root / "pids.json", json.dumps(self.entries, indent=1).encode())

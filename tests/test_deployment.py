@@ -1,21 +1,24 @@
-"""A real deployment on loopback: a SuperLink with TLS and SuperNode authentication, two
-SuperNodes with personal state on disk, FedAlt submitted with ``flwr run``; a SuperNode
-restarted between runs resumes its personal layers; an unregistered key is refused. Every
-process the test starts is stopped by the test, by its process id (``Federation.stop_all``).
+"""A real deployment on loopback: a SuperLink with TLS and SuperNode authentication behind
+the Fleet gateway, two SuperNodes with personal state on disk, FedAlt submitted with ``flwr
+run``; outsiders refused, kill -9 of a SuperNode and of the SuperLink survived. Every process
+the test starts is stopped by the test, by its process id (``Federation.stop_all``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from pflower.deploy import Federation
+from pflower.deploy import Federation, connection
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = {
@@ -71,42 +74,98 @@ def _results(outputs: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(outputs.glob("*/results.json"))]
 
 
-def test_tls_authenticated_federation_keeps_personal_layers(tmp_path):
+def _node_ids(fed: Federation) -> set[int]:
+    import subprocess
+
+    out = subprocess.run(
+        [str(Path(__import__("sys").executable).parent / "flwr"), "supernode", "ls", fed.name,
+         "--format", "json"],
+        env=fed.env, capture_output=True, text=True, timeout=60,
+    ).stdout  # fmt: skip
+    return {int(n["node-id"]) for n in json.loads(out).get("nodes", [])}
+
+
+def _wait_for(path: Path, text: str, proc, timeout: float = 120) -> None:
+    """Until ``text`` appears in the log ``path`` of the running ``flwr run`` ``proc``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        said = path.read_text(errors="replace") if path.exists() else ""
+        if text in said:
+            return
+        assert proc.poll() is None, f"the run ended before {text!r}:\n{said[-3000:]}"
+        time.sleep(0.5)
+    raise AssertionError(f"no {text!r} after {timeout} s:\n{said[-3000:]}")
+
+
+def test_a_tls_federation_keeps_personal_layers_refuses_outsiders_and_survives_kill_9(
+    tmp_path,
+):
+    """One federation as an operator meets it (TLS, SuperNode authentication, personal layers
+    on the devices' disks), every fault a SIGKILL (nothing signs off):
+
+    1. a device-side party (only ``ca.crt``, the gateway's address) can neither register a
+       key nor submit a run;
+    2. a SuperNode dies in round 2 of 5: its reply is dropped under its own node id, the run
+       goes on, the node restarted (after Flower's heartbeat window) rejoins;
+    3. the SuperLink dies (with the ServerApp) after round 3: restarted on its database, the
+       run resubmitted with ``resume-from`` continues after the newest checkpoint, both
+       devices resume their own layers from disk, and the run completes;
+    4. a SuperNode whose key was never registered is refused.
+    Every process is stopped by the test, by its process id (``Federation.stop_all``)."""
     fed = Federation(tmp_path / "fed", supernodes=2, port=_free_port())
     outputs = tmp_path / "outputs"
+    run_config = {**RUN, "num-server-rounds": 5, "evaluate-every": 5, "outputs-dir": str(outputs)}
     try:
-        fed.prepare()
-        fed.start_superlink()
-        fed.start_gateway()
-        for i in range(2):
-            fed.register(i)
-            fed.start_supernode(i)
+        fed.up()
         _wait_nodes(fed, 2)
+        ids = _node_ids(fed)
 
-        first = fed.run({**RUN, "outputs-dir": str(outputs)}, REPO)
-        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-        runs = _results(outputs)
-        assert len(runs) == 1, first.stdout[-3000:]
-        trained = [r for r in runs[0]["rounds"] if r["train"]]
-        # every reply carried exactly the shared parameters: a personal name would have been
-        # dropped as "names/shapes/dtypes differ" by the strategy
-        assert runs[0]["dropped-replies"] == 0
-        assert all(r["train"]["applied"] == 2 for r in trained)
-        state = fed.state_dir(0) / "personal.pt"
-        kept = torch.load(state, weights_only=True)
+        # 1. only the Fleet API is served where the devices connect
+        outsider = {**fed.env, "FLWR_HOME": str(tmp_path / "outsider")}
+        connection(outsider["FLWR_HOME"], "outsider", fed.fleet_address, str(fed.creds / "ca.crt"))
+        flwr = str(Path(sys.executable).parent / "flwr")
+        attempts = [
+            [flwr, "supernode", "register", str(fed.creds / "supernode-2.pub"), "outsider"],
+            [flwr, "run", str(REPO), "outsider", "--run-config", "num-server-rounds=1"],
+        ]
+        for command in attempts:
+            tried = subprocess.run(command, env=outsider, capture_output=True, text=True,
+                                   timeout=120)  # fmt: skip
+            assert tried.returncode != 0, tried.stdout + tried.stderr
+        assert _node_ids(fed) == ids  # no third key
+        assert "gateway: refused POST" in (fed.logs / "gateway.log").read_text()
+
+        # 2. SuperNode 0 is killed while round 2 runs, and restarted
+        run = fed.submit(run_config, REPO, "run")
+        _wait_for(fed.logs / "run.log", "round 1/5", run)
+        fed.crash("supernode-0")
+        fed.restart_supernode(0)  # refused until the dead node's heartbeat lapses, then in
+
+        # 3. the SuperLink is killed after round 3, restarted, the run resumed
+        _wait_for(fed.logs / "run.log", "round 3/5", run)
+        fed.crash("superlink")
+        assert run.wait(120) != 0, "the submitter sees the SuperLink go"
+        said = (fed.logs / "run.log").read_text(errors="replace")
+        dropped = [int(x) for x in re.findall(r"dropped the reply of node (\d+)", said)]
+        assert dropped and set(dropped) <= ids, said[-3000:]  # the dead node, by its own id
+        (crashed,) = list(outputs.iterdir())
+        assert (crashed / "checkpoints" / "round-3.pt").exists()
+        fed.start_superlink()  # the same --database; the SuperNodes reconnect by themselves
+        _wait_nodes(fed, 2)
+        done = fed.run({**run_config, "resume-from": str(crashed)}, REPO)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "resuming at round 4" in done.stdout + done.stderr
+        final = _results(outputs)[-1]
+        assert [r["round"] for r in final["rounds"]] == [1, 2, 3, 4, 5]
+        for entry in final["rounds"][3:]:
+            # both devices trained, and each resumed its own layers from its disk
+            assert entry["train"]["applied"] == 2 and not entry["dropped"], entry
+            assert entry["train"]["personal-restored"] == 1.0, entry
+        assert final["final"]["personal-accuracy"] > 0.5
+        kept = torch.load(fed.state_dir(0) / "personal.pt", weights_only=True)
         assert kept and all(torch.isfinite(t).all() for t in kept.values())
 
-        # restart SuperNode 0 between runs: it must resume from its own layers on disk
-        fed.stop("supernode-0")
-        fed.start_supernode(0)
-        _wait_nodes(fed, 2)
-        second = fed.run({**RUN, "num-server-rounds": 1, "outputs-dir": str(outputs)}, REPO)
-        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-        latest = _results(outputs)[-1]
-        first_round = next(r for r in latest["rounds"] if r["train"])
-        assert first_round["train"]["personal-restored"] == 1.0  # both clients resumed
-
-        # a SuperNode whose key was never registered is refused
+        # 4. a SuperNode whose key was never registered is refused
         intruder = fed.start_supernode(2)  # credentials/supernode-2: generated, not registered
         deadline = time.monotonic() + 90
         while intruder.poll() is None and time.monotonic() < deadline:
