@@ -4,25 +4,20 @@ N client replies of a ResNet-18 (CIFAR-10 head, d = 11.2 M float32 parameters, 6
 aggregated by Flower's own ``MultiKrum``, ``FedMedian`` and ``FedTrimmedAvg`` and by pflower's
 ``RobustFedAvg`` with the corresponding rules (and the rules Flower lacks), each through the
 strategy's ``aggregate_train`` on the same replies; calls interleaved, median of ``--repeats``,
-so the ratios come from one run. Flower's FedMedian / FedTrimmedAvg consume the replies' arrays,
-so the replies are rebuilt (untimed) before every call.
-
-``--memory``: for each pflower rule, a fresh process aggregates N replies and reports its peak
-resident memory (ru_maxrss) and the replies' own size.
+so the ratios come from one run. Each call is timed in CPU seconds of the process (all threads:
+``time.process_time``; the ratios use these, since this machine is shared and wall time varies
+with the other jobs on it) and in wall seconds. Flower's FedMedian / FedTrimmedAvg consume the
+replies' arrays, so the replies are rebuilt (untimed) before every call.
 
     python benchmarks/robust_speed.py --repeats 3 --out benchmarks/results/robust-speed.md
-    python benchmarks/robust_speed.py --clients 100 --memory \
-        --out benchmarks/results/robust-memory.md
+
+Memory: ``benchmarks/aggregation_memory.py`` (peak memory / reply size, every rule and Flower's).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import resource
 import statistics
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -90,34 +85,40 @@ def contenders(n: int) -> dict:
     }
 
 
-def aggregate_once(strategy, msgs: list[Message], shapes: dict) -> float:
+def aggregate_once(strategy, msgs: list[Message], shapes: dict) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of one ``aggregate_train``."""
     if isinstance(strategy, RobustFedAvg):
         strategy._current = current(shapes)  # what configure_train would have kept
-    start = time.perf_counter()
+    cpu, wall = time.process_time(), time.perf_counter()
     arrays, _ = strategy.aggregate_train(1, msgs)
-    seconds = time.perf_counter() - start
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     assert arrays is not None
-    return seconds
+    return cpu, wall
 
 
 def speed(args) -> str:
     shapes = layout()
     d = sum(int(np.prod(s)) for s in shapes.values())
     table = contenders(args.clients)
-    times: dict[str, list[float]] = {k: [] for k in table}
+    cpu: dict[str, list[float]] = {k: [] for k in table}
+    wall: dict[str, list[float]] = {k: [] for k in table}
     for rep in range(args.repeats):
         arrays = client_arrays(args.clients, shapes, seed=rep)
         for name, make in table.items():
             msgs = replies(arrays)
-            times[name].append(aggregate_once(make(), msgs, shapes))
-            print(f"{name}: {times[name][-1]:.2f} s", flush=True)
-    med = {k: statistics.median(v) for k, v in times.items()}
+            c, w = aggregate_once(make(), msgs, shapes)
+            cpu[name].append(c)
+            wall[name].append(w)
+            print(f"{name}: {c:.2f} CPU-s, {w:.2f} s", flush=True)
+    med = {k: statistics.median(v) for k, v in cpu.items()}
+    med_wall = {k: statistics.median(v) for k, v in wall.items()}
     lines = [
         f"One aggregation, N = {args.clients} replies of ResNet-18 (d = {d:,} float32), through "
-        f"each strategy's aggregate_train; median of {args.repeats} interleaved calls.",
+        f"each strategy's aggregate_train; median of {args.repeats} interleaved calls. "
+        "Flower / pflower is the ratio of CPU seconds (> 1: pflower is faster).",
         "",
-        "| strategy | seconds | Flower / pflower |",
-        "|---|---:|---:|",
+        "| strategy | CPU seconds | wall seconds | Flower / pflower (CPU) |",
+        "|---|---:|---:|---:|",
     ]
     pairs = {
         "pflower krum": "Flower MultiKrum (m=1)",
@@ -127,43 +128,7 @@ def speed(args) -> str:
     }
     for name, t in med.items():
         ratio = f"{med[pairs[name]] / t:.1f}x" if name in pairs else ""
-        lines.append(f"| {name} | {t:.2f} | {ratio} |")
-    return "\n".join(lines) + "\n"
-
-
-def memory_child(rule: str, n: int) -> None:
-    shapes = layout()
-    msgs = replies(client_arrays(n, shapes))
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB, after building replies
-    name, _, bucket = rule.partition("+b")
-    strategy = ours(name, n, bucket_size=int(bucket or 0))
-    seconds = aggregate_once(strategy, msgs, shapes)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(
-        json.dumps({"rule": rule, "base_gb": base / 2**20, "peak_gb": peak / 2**20, "s": seconds})
-    )
-
-
-def memory(args) -> str:
-    shapes = layout()
-    d = sum(int(np.prod(s)) for s in shapes.values())
-    rules = ["mean", "median", "trimmed-mean", "krum", "geometric-median", "centered-clipping"]
-    rules.append("median+b2")
-    lines = [
-        f"Peak resident memory of one aggregation, N = {args.clients} x d = {d:,} float32 "
-        f"(the replies alone: {args.clients * d * 4 / 2**30:.1f} GiB), one process per rule.",
-        "",
-        "| rule | after building the replies (GiB) | peak (GiB) | seconds |",
-        "|---|---:|---:|---:|",
-    ]
-    for rule in rules:
-        cmd = [sys.executable, __file__, "--child", rule, "--clients", str(args.clients)]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        row = json.loads(out.strip().splitlines()[-1])
-        print(row, flush=True)
-        lines.append(f"| {rule} | {row['base_gb']:.1f} | {row['peak_gb']:.1f} | {row['s']:.1f} |")
-    total = subprocess.run(["free", "-g"], capture_output=True, text=True).stdout.split("\n")[1]
-    lines += ["", f"Machine memory (free -g): `{' '.join(total.split())}`"]
+        lines.append(f"| {name} | {t:.2f} | {med_wall[name]:.2f} | {ratio} |")
     return "\n".join(lines) + "\n"
 
 
@@ -171,14 +136,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--memory", action="store_true")
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    if args.child:
-        memory_child(args.child, args.clients)
-        return
-    text = memory(args) if args.memory else speed(args)
+    text = speed(args)
     print(text)
     if args.out:
         with open(args.out, "w") as fh:
