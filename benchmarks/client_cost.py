@@ -21,6 +21,16 @@ issue's 20 MLP clients on ``mnist-5k``, every client every round).
 
     python benchmarks/client_cost.py --preset leaf --clients 1000
     python benchmarks/client_cost.py --preset mnist --clients 20
+    python benchmarks/client_cost.py --preset mnist --clients 20 --engine simulation
+
+``--engine simulation`` runs the same through Flower's ``run_simulation`` (Ray workers, one
+CPU each). The clients then run in other processes: each training reply carries the CPU
+seconds its worker process spent in ``ClientHalf.train`` (the metric ``bench-train-cpu-s``,
+added by this harness's wrapper around pflower's ClientApp), and a round's CPU is the whole
+process tree's (this process, Ray's GCS, raylet and workers, read from ``/proc``) from one
+``configure_train`` to the next phase. ``non_training_share`` is then everything else: the
+engine's messaging and scheduling, Ray's own processes, the ClientApp's set-up, the server.
+Only the share (and ``train_ms``) is reported there.
 """
 
 from __future__ import annotations
@@ -139,14 +149,129 @@ def measure(preset: str, clients: int, out: str) -> dict:
     }
 
 
+TRAIN_CPU = "bench-train-cpu-s"
+
+
+class TimedClientApp:
+    """pflower's ClientApp, its training replies stamped with the CPU seconds the worker
+    process spent in ``ClientHalf.train`` (``TRAIN_CPU``). Picklable for Ray: the wrapped
+    app is built, and ``train`` wrapped, in the worker on its first message."""
+
+    def __init__(self, run: dict) -> None:
+        self.run, self.app, self.half = run, None, None
+
+    def __call__(self, message, context):
+        if self.app is None:
+            from pflower.client_app import build_client_app
+            from pflower.config import Config
+            from pflower.strategies import get_algorithm
+
+            half = type(get_algorithm(Config.from_run_config(self.run).algorithm).client)
+            if not getattr(half, "_bench_timed", False):  # once per worker process
+                train_fn = half.train
+
+                def timed_train(this, job, config):
+                    start = time.process_time()
+                    try:
+                        return train_fn(this, job, config)
+                    finally:
+                        half._bench_spent += time.process_time() - start
+
+                half.train, half._bench_timed = timed_train, True
+            self.app, self.half = build_client_app(self.run), half
+        self.half._bench_spent = 0.0
+        reply = self.app(message, context)
+        spent = self.half._bench_spent
+        if spent and reply.has_content() and "metrics" in reply.content:
+            reply.content["metrics"][TRAIN_CPU] = spent
+        return reply
+
+
+def measure_simulation(preset: str, clients: int, out: str) -> dict:
+    """The non-training share of a round under ``run_simulation`` (see the module's doc)."""
+    from flwr.clientapp import ClientApp
+    from flwr.simulation import run_simulation
+    from scale import TreeMonitor
+
+    from pflower.server_app import build_server_app
+    from pflower.strategies.server import PersonalizedStrategy
+
+    run = {**PRESETS[preset], "outputs-dir": out}
+    timed = TimedClientApp(run)
+    app = ClientApp()
+    for kind in ("train", "evaluate", "query"):
+        getattr(app, kind)()(timed)
+    monitor = TreeMonitor()
+    marks: list[tuple[str, float]] = []  # (phase, tree CPU s)
+    trained: list[list[float]] = []  # per training round: each reply's training CPU s
+    originals = {
+        n: getattr(PersonalizedStrategy, n)
+        for n in ("configure_train", "configure_evaluate", "aggregate_train")
+    }
+
+    def marking(name):
+        def wrapped(self, *args, **kwargs):
+            marks.append((name, monitor.sample()))
+            return originals[name](self, *args, **kwargs)
+
+        return wrapped
+
+    def collecting(self, server_round, replies):
+        replies = list(replies)
+        trained.append(
+            [
+                float(m.content["metrics"][TRAIN_CPU])
+                for m in replies
+                if m.has_content() and TRAIN_CPU in m.content.get("metrics", {})
+            ]
+        )
+        return originals["aggregate_train"](self, server_round, replies)
+
+    PersonalizedStrategy.configure_train = marking("configure_train")
+    PersonalizedStrategy.configure_evaluate = marking("configure_evaluate")
+    PersonalizedStrategy.aggregate_train = collecting
+    started = time.monotonic()
+    try:
+        run_simulation(
+            server_app=build_server_app(run),
+            client_app=app,
+            num_supernodes=clients,
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        )
+    finally:
+        for name, fn in originals.items():
+            setattr(PersonalizedStrategy, name, fn)
+        monitor.stop()
+    rounds = [
+        cpu_next - cpu
+        for (phase, cpu), (_, cpu_next) in zip(marks, marks[1:])
+        if phase == "configure_train"
+    ]
+    shares = [1 - sum(t) / total for t, total in zip(trained, rounds)]
+    every = [t for round_ in trained for t in round_]
+    return {
+        "preset": preset,
+        "clients": clients,
+        "engine": "simulation",
+        "messages": len(every),
+        "train_ms": round(1000 * statistics.median(every), 2),
+        "round_cpu_s": [round(c, 2) for c in rounds],
+        "round_train_cpu_s": [round(sum(t), 2) for t in trained],
+        "non_training_share": round(statistics.median(shares[1:] or shares), 3),
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="leaf")
     parser.add_argument("--clients", type=int, nargs="+", default=[1000])
+    parser.add_argument("--engine", choices=["local", "simulation"], default="local")
     parser.add_argument("--out", default="/tmp/pflower-client-cost")
     args = parser.parse_args(argv)
+    how = measure_simulation if args.engine == "simulation" else measure
     for clients in args.clients:
-        print(json.dumps(measure(args.preset, clients, args.out)), flush=True)
+        print(json.dumps(how(args.preset, clients, args.out)), flush=True)
 
 
 if __name__ == "__main__":

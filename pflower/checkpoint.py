@@ -63,6 +63,7 @@ STRATEGY_ATTRIBUTES = (
     "history",
     "personal_init",
     "claimed_num_examples",
+    "update_norm_reference",
     "final_clients",
     "robust",
     "run_tag",

@@ -221,9 +221,9 @@ class RunSettings(Settings):
     robust_krum_m: int = Field(3, alias="robust-krum-m", ge=1)
     robust_clip_radius: float = Field(1.0, alias="robust-clip-radius", gt=0)
     robust_clip_iterations: int = Field(3, alias="robust-clip-iterations", ge=1)
-    #: drop a training reply whose update norm exceeds this many times the round's median
-    #: (rounds of 3 replies or more); 0: off
-    max_update_norm: float = Field(100.0, alias="max-update-norm", ge=0)
+    #: drop a training reply whose update norm exceeds this many times the largest round
+    #: median of update norms so far in the run (rounds of 3 replies or more); 0: off
+    max_update_norm: float = Field(1000.0, alias="max-update-norm", ge=0)
     #: drop a reply claiming more training examples than this; 0: more than 100 x the round's
     #: median claim (a node's claim must in any case stay what it first reported)
     max_num_examples: int = Field(0, alias="max-num-examples", ge=0)
@@ -284,7 +284,7 @@ class RunSettings(Settings):
             )
         if 0 < self.max_update_norm < 1:
             raise ConfigError(
-                f"key 'max-update-norm' = {self.max_update_norm}: a multiple of the round's "
+                f"key 'max-update-norm' = {self.max_update_norm}: a multiple of the largest round "
                 "median update norm, must be 0 (off) or >= 1 (the median itself is honest)"
             )
         if self.personal_epochs == 0 and self.personal_steps == 0:

@@ -27,6 +27,27 @@ The file::
     algorithm = "fedalt"
     grid = { lr = [0.01, 0.05] } # optional: a grid of this run only
 
+Optional, for tables of their own::
+
+    [experiment]
+    columns = ["localized-accuracy"]     # more final metrics as table columns
+    pivot = ["attack"]                   # a second table: these grid keys' values as columns
+    pivot-metric = "honest-accuracy"     # its cells (default: personal-accuracy)
+
+    [attacks.sign-flip-10]               # Byzantine nodes, named (local-grid engine only)
+    fraction = 0.1                       # partitions 0 .. round(0.1 x nodes) - 1 attack
+    node-config = { byzantine = "sign-flip", byzantine-scale = 4.0 }
+
+    [[run]]
+    name = "FFGG median"
+    algorithm = "br-ffgg"
+    grid = { attack = ["none", "sign-flip-10"] }   # 'attack' names an [attacks] table
+
+A run with an attack reports ``honest-accuracy``: the personalized accuracy pooled over the
+test examples of the honest clients only (every run of a file with ``[attacks]`` does; with
+no attack it is the pooled accuracy). A run with ``holdout-fraction`` reports
+``personal-accuracy-trained`` and ``personal-accuracy-new`` (the held-out clients, pooled).
+
 A run's config is ``base``, then the grid point, then the run's keys, then the command's
 ``--set`` keys, then ``seed``. Its label is the name followed by the grid point
 (``FedAlt split=head lr=0.01``). Every run's
@@ -80,8 +101,14 @@ EXPERIMENT_KEYS = {
     "workers": "runs side by side, an integer >= 0 (0: one per CPU core; simulation: 1)",
     "out": "the output directory (relative to the current directory)",
     "baseline": "the label of a run, whose global model 'hurt vs' counts against",
+    "columns": "a list of final metrics (summary.csv's columns) to add to the table",
+    "pivot": "a list of grid keys: a second table with their values as columns",
+    "pivot-metric": "the final metric in the pivot table's cells (default: personal-accuracy)",
 }
-SECTIONS = ("experiment", "base", "grid", "run")
+SECTIONS = ("experiment", "base", "grid", "run", "attacks")
+#: the key a run names its attack by (an ``[attacks]`` table; not a run-config key)
+ATTACK = "attack"
+NO_ATTACK = "none"
 #: run-config keys the experiment sets itself
 RESERVED = {
     "seed": "set 'seeds' in [experiment]",
@@ -127,6 +154,19 @@ class Experiment:
     description: str = ""
     baseline: str | None = None
     labels: list[str] = field(default_factory=list)  # in the file's order
+    columns: list[str] = field(default_factory=list)
+    pivot: list[str] = field(default_factory=list)
+    pivot_metric: str = "personal-accuracy"
+    attacks: dict[str, dict] = field(default_factory=dict)  # name -> fraction, node-config
+
+    def byzantine(self, run: Run) -> tuple[int, dict]:
+        """The run's number f of Byzantine nodes (partitions 0 .. f - 1) and their node
+        config; (0, {}) without an attack."""
+        name = run.config.get(ATTACK, NO_ATTACK)
+        if name == NO_ATTACK:
+            return 0, {}
+        attack = self.attacks[name]
+        return round(attack["fraction"] * self.nodes), dict(attack["node-config"])
 
     @property
     def parallel(self) -> int:
@@ -214,6 +254,21 @@ def load(
         labels = [lab for lab in labels if any(r.label == lab for r in runs)]
         if baseline not in labels:  # filtered out: no column against it
             baseline = None
+    columns = meta.get("columns", [])
+    _expect(
+        isinstance(columns, list) and all(isinstance(c, str) for c in columns), "columns", columns
+    )
+    pivot = meta.get("pivot", [])
+    grid_keys = {k for r in runs for k, _ in r.point}
+    _expect(
+        isinstance(pivot, list) and all(isinstance(k, str) and k in grid_keys for k in pivot),
+        "pivot",
+        pivot,
+        f"; grid keys: {sorted(grid_keys)}",
+    )
+    pivot_metric = meta.get("pivot-metric", "personal-accuracy")
+    _expect(isinstance(pivot_metric, str), "pivot-metric", pivot_metric)
+    attacks = _attacks(_table(spec, "attacks"), engine)
     out_dir = Path(out or meta.get("out") or Path("outputs") / "experiments" / name)
     experiment = Experiment(
         name=name,
@@ -227,6 +282,10 @@ def load(
         description=str(meta.get("description", "")),
         baseline=baseline,
         labels=labels,
+        columns=columns,
+        pivot=pivot,
+        pivot_metric=pivot_metric,
+        attacks=attacks,
     )
     for run in runs:  # every run's whole config, before anything runs
         _validate(run, experiment)
@@ -247,6 +306,39 @@ def _expect(ok: bool, key: str, value: Any, more: str = "") -> None:
         )
 
 
+def _attacks(table: Mapping, engine: str) -> dict[str, dict]:
+    """The ``[attacks]`` tables: name -> {fraction, node-config}."""
+    attacks = {}
+    for name, attack in table.items():
+        where = f"[attacks.{name}]"
+        if name == NO_ATTACK:
+            raise ExperimentError(f"{where}: {NO_ATTACK!r} is reserved for no attack")
+        if engine != "local-grid":
+            raise ExperimentError(
+                f"{where}: attacks need engine = 'local-grid' (node configs per node)"
+            )
+        if not isinstance(attack, dict) or set(attack) != {"fraction", "node-config"}:
+            raise ExperimentError(
+                f"{where}: must have exactly the keys 'fraction' (of the nodes, in [0, 1)) "
+                "and 'node-config' (a table of node-config keys, e.g. byzantine = 'sign-flip')"
+            )
+        fraction, node_config = attack["fraction"], attack["node-config"]
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+            raise ExperimentError(f"{where} key 'fraction' = {fraction!r}: must be a number")
+        if not 0 <= fraction < 1:
+            raise ExperimentError(f"{where} key 'fraction' = {fraction}: must be in [0, 1)")
+        if not isinstance(node_config, dict):
+            raise ExperimentError(f"{where} key 'node-config': must be a table")
+        from pflower.experiments.attacks import attack_of
+
+        try:
+            attack_of(node_config)
+        except ValueError as err:
+            raise ExperimentError(f"{where} key 'node-config': {err}") from None
+        attacks[name] = {"fraction": float(fraction), "node-config": dict(node_config)}
+    return attacks
+
+
 def _grid(table: Mapping, where: str) -> list[tuple[str, list]]:
     grid = []
     for key, values in table.items():
@@ -254,8 +346,9 @@ def _grid(table: Mapping, where: str) -> list[tuple[str, list]]:
             raise ExperimentError(
                 f"{where} key {key!r} = {values!r}: must be a non-empty list of values"
             )
-        if key in RESERVED:
-            raise ExperimentError(f"{where} key {key!r}: not here; {RESERVED[key]}")
+        inner = {k for v in values if isinstance(v, dict) for k in v}
+        for reserved in sorted(({key} | inner) & set(RESERVED)):
+            raise ExperimentError(f"{where} key {reserved!r}: not here; {RESERVED[reserved]}")
         grid.append((key, values))
     return grid
 
@@ -292,17 +385,47 @@ def _runs_of(
     for values in itertools.product(*(v for _, v in axes)):
         point = tuple((k, v) for (k, _), v in zip(axes, values))
         varying = [(k, v) for k, v in point if len(dict(axes)[k]) > 1]
-        label = " ".join([name] + [f"{k}={v}" for k, v in varying])
+        label = " ".join([name] + [_show(k, v) for k, v in varying])
         labels.append(label)
+        keys = _expand(point)
+        for key in set(keys) & set(entry):
+            raise ExperimentError(
+                f"[[run]] {name!r} key {key!r}: set and also by a grid value; keep one of them"
+            )
         for seed in seeds:
-            config = {**base, **dict(point), **entry, **overrides, "seed": seed}
+            config = {**base, **keys, **entry, **overrides, "seed": seed}
             runs.append(Run(label, name, point, seed, config))
     return runs, labels
+
+
+def _expand(point: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """A grid point's run-config keys: a value that is a table sets each of its keys
+    (``data = [{synthetic-gamma = 0.5, synthetic-beta = 0.5}, ...]``: values that go
+    together), any other value its own key."""
+    keys: dict[str, Any] = {}
+    for key, value in point:
+        keys.update(value if isinstance(value, dict) else {key: value})
+    return keys
+
+
+def _show(key: str, value: Any) -> str:
+    """A grid value in a label: ``key=value``, a table as its ``key=value`` pairs."""
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in value.items())
+    return f"{key}={value}"
 
 
 def _validate(run: Run, experiment: Experiment) -> None:
     from pflower.config import Config
 
+    attack = run.config.get(ATTACK, NO_ATTACK)
+    if attack != NO_ATTACK and attack not in experiment.attacks:
+        raise ExperimentError(
+            f"[[run]] {run.label!r} key {ATTACK!r} = {attack!r}: no such [attacks] table; "
+            f"allowed: {[NO_ATTACK, *experiment.attacks]}"
+        )
+    if experiment.byzantine(run)[0] >= experiment.nodes:
+        raise ExperimentError(f"[[run]] {run.label!r}: attack {attack!r} leaves no honest node")
     try:
         Config.from_run_config(run_config(run, experiment))
     except ConfigError as err:
@@ -311,7 +434,18 @@ def _validate(run: Run, experiment: Experiment) -> None:
 
 def run_config(run: Run, experiment: Experiment) -> dict[str, Any]:
     """The flat run config a run gets (its outputs go to its own directory)."""
-    return {**run.config, "outputs-dir": str(run.directory(experiment.out))}
+    config = {k: v for k, v in run.config.items() if k != ATTACK}
+    return {**config, "outputs-dir": str(run.directory(experiment.out))}
+
+
+def attack_record(run: Run, experiment: Experiment) -> dict:
+    """What ``run.json`` records of the run's attack (a finished run must match it)."""
+    byzantine, node_config = experiment.byzantine(run)
+    return {
+        "attack": run.config.get(ATTACK, NO_ATTACK),
+        "byzantine-nodes": byzantine,
+        "node-config": node_config,
+    }
 
 
 def _slug(text: str) -> str:
@@ -328,8 +462,10 @@ def finished(run: Run, experiment: Experiment) -> bool:
     directory = run.directory(experiment.out)
     try:
         recorded = json.loads((directory / "config.json").read_text())["run-config"]
-        json.loads((directory / RUN_FINISHED).read_text())
+        meta = json.loads((directory / RUN_FINISHED).read_text())
     except (OSError, ValueError, KeyError):
+        return False
+    if experiment.attacks and meta.get("attack") != attack_record(run, experiment):
         return False
     expected = json.loads(json.dumps(Config.from_run_config(run_config(run, experiment)).to_flat()))
     # the directory may have moved (--out, a copy): where it wrote is not part of the run
@@ -363,6 +499,7 @@ def execute(experiment: Experiment, progress: bool = True) -> list[dict]:
                 "engine": experiment.engine,
                 "nodes": experiment.nodes,
                 "threads": threads,
+                "attack": attack_record(r, experiment) if experiment.attacks else None,
             }
             for r in todo
         ]
@@ -410,7 +547,9 @@ def run_one(job: Mapping) -> dict:
         else:
             from pflower.experiments.local_grid import run_local
 
-            run_local(job["config"], job["nodes"], out=directory)
+            attack = job.get("attack") or {"byzantine-nodes": 0}
+            byzantine = {i: attack["node-config"] for i in range(attack["byzantine-nodes"])}
+            run_local(job["config"], job["nodes"], out=directory, node_configs=byzantine)
     run: Run = job["run"]
     (directory / RUN_FINISHED).write_text(
         json.dumps(
@@ -424,6 +563,7 @@ def run_one(job: Mapping) -> dict:
                 "wall-seconds": time.perf_counter() - started,
                 # this process and its children (the simulation engine's Ray workers)
                 "cpu-seconds": _cpu_seconds(resource) - cpu,
+                **({"attack": job["attack"]} if job.get("attack") else {}),
             },
             indent=2,
         )
@@ -552,7 +692,23 @@ def row_of(directory: Path) -> dict:
         "cpu-seconds": meta["cpu-seconds"],
         "path": str(directory),
     }
+    clients = clients_of(row)
+    if "attack" in meta:  # the honest clients' pooled personalized accuracy
+        byzantine = meta["attack"]["byzantine-nodes"]
+        row["honest-accuracy"] = _pooled([c for p, c in clients.items() if p >= byzantine])
+    holdout = run_config.get("holdout-fraction", 0)
+    if holdout:  # held-out partitions: the top fraction of the ids (strategies/nodes.py)
+        cutoff = meta["nodes"] - round(holdout * meta["nodes"])
+        row["personal-accuracy-trained"] = _pooled([c for p, c in clients.items() if p < cutoff])
+        row["personal-accuracy-new"] = _pooled([c for p, c in clients.items() if p >= cutoff])
     return row
+
+
+def _pooled(clients: list[dict], key: str = "personal-accuracy") -> float | None:
+    """``key`` pooled over the clients' test examples (each weighted by its count)."""
+    clients = [c for c in clients if key in c]
+    total = sum(c["num-examples"] for c in clients)
+    return sum(c[key] * c["num-examples"] for c in clients) / total if total else None
 
 
 def _mean(values: Iterable[float]) -> float | None:
@@ -648,6 +804,8 @@ def table(experiment: Experiment, rows: list[dict]) -> str:
         columns.append((f"hurt vs {experiment.baseline}", "hurt-vs-baseline", 1.0, 1))
     columns += [
         (f"own global {unit}", f"global-{metric}", scale, 2),
+        *[(_header(key), key, _scale(key), 2) for key in experiment.columns],
+        ("dropped", "dropped-replies", 1.0, 1),
         ("s / round", "seconds-per-round", 1.0, 2),
         ("MB down / round", "train-bytes-down-per-round", 1e-6, 2),
         ("MB up / round", "train-bytes-up-per-round", 1e-6, 2),
@@ -677,11 +835,66 @@ def table(experiment: Experiment, rows: list[dict]) -> str:
             if experiment.baseline
             else ""
         )
-        + "; s / round: median wall seconds of a training round after any pre-training; "
+        + "; dropped: replies the server dropped in the whole run (honest clients: 0); "
+        "s / round: median wall seconds of a training round after any pre-training; "
         "MB down / up: the arrays of a training round (all its clients) as Flower "
         "serializes them, mean over rounds.",
     ]
+    if experiment.pivot:
+        lines += ["", *pivot_table(experiment, rows)]
     return "\n".join(lines)
+
+
+def _scale(key: str) -> float:
+    return 100.0 if "accuracy" in key else 1.0
+
+
+def _header(key: str) -> str:
+    return key + (" %" if "accuracy" in key else "")
+
+
+def pivot_table(experiment: Experiment, rows: list[dict]) -> list[str]:
+    """``pivot-metric`` (mean ± std over seeds): one line per label without the pivot keys,
+    one column per combination of the pivot keys' values, in the file's order."""
+    keys = experiment.pivot
+
+    def split(run: Run) -> tuple[str, tuple]:
+        rest = [(k, v) for k, v in run.point if k not in keys and _varies(experiment, k)]
+        line = " ".join([run.name] + [_show(k, v) for k, v in rest])
+        return line, tuple(_pivot_value(dict(run.point).get(k, "–")) for k in keys)
+
+    places = [split(run) for run in experiment.runs]
+    lines_, columns = (
+        list(dict.fromkeys(p[0] for p in places)),
+        list(dict.fromkeys(p[1] for p in places)),
+    )
+    values: dict[tuple[str, tuple], list] = {}
+    by_label_seed = {(r["label"], r["seed"]): r for r in rows}
+    for run, place in zip(experiment.runs, places):
+        row = by_label_seed.get((run.label, run.seed))
+        if row is not None:
+            values.setdefault(place, []).append(row.get(experiment.pivot_metric))
+    metric = experiment.pivot_metric
+    head = ["run"] + [" ".join(column) for column in columns]
+    out = [
+        f"{_header(metric)} by {', '.join(keys)} (mean ± std over seeds)",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for line in lines_:
+        cells = [_cell(values.get((line, c), []), _scale(metric), 2) for c in columns]
+        out.append(f"| {line} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _pivot_value(value: Any) -> str:
+    return " ".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else str(value)
+
+
+def _varies(experiment: Experiment, key: str) -> bool:
+    """Whether ``key`` takes more than one value over the experiment's runs."""
+    return len({repr(dict(r.point).get(key)) for r in experiment.runs}) > 1
 
 
 def _curves(rows: list[dict], key: str) -> dict[int, list[float]]:

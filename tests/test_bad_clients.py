@@ -109,6 +109,36 @@ def test_one_huge_finite_reply_is_dropped_and_steers_nothing(algorithm):
         assert max(float(np.abs(v).max()) for v in bad.shared.values()) < 10
 
 
+def test_the_norm_bound_keeps_an_honest_client_next_to_a_converged_majority():
+    """Gradient replies (PFLEGO's): the round's median shrinks as clients converge, and a
+    client sampled again after many rounds sends a gradient hundreds of times that median
+    yet no longer than the run's early ones: kept. The reference is the run's largest round
+    median, which a minority cannot raise: 1e30 and 101 x that median are dropped."""
+    from pflower.wire import GRADIENT, ClientUpdate
+
+    strategy = FedAvg(reply_key=GRADIENT, max_update_norm=100.0)
+    current = {"w": np.zeros(4)}
+    dropped = []
+    strategy._drop = lambda rnd, node, reason: dropped.append((rnd, node))
+
+    def replies(*norms):  # one reply per norm: a gradient of that length along one axis
+        return [
+            ClientUpdate(i, {"w": np.array([n, 0.0, 0.0, 0.0])}, {"num-examples": 10.0})
+            for i, n in enumerate(norms)
+        ]
+
+    kept = strategy.bound_updates(1, current, replies(1.8, 2.0, 1.2, 1.9))  # median 1.85
+    assert len(kept) == 4 and not dropped
+    # a converged round: median 0.01, an honest returning client sends 15 (1500 x the median)
+    kept = strategy.bound_updates(6, current, replies(0.01, 0.012, 0.008, 15.0))
+    assert len(kept) == 4 and not dropped
+    # a minority cannot raise the reference: 1e30 and 101 x 1.85 dropped, 99 x 1.85 kept
+    kept = strategy.bound_updates(7, current, replies(0.01, 0.01, 0.01, 1e30, 101 * 1.85))
+    assert dropped == [(7, 3), (7, 4)] and len(kept) == 3
+    kept = strategy.bound_updates(8, current, replies(0.01, 0.01, 0.01, 99 * 1.85))
+    assert len(kept) == 4 and strategy.update_norm_reference == {False: 1.85}
+
+
 def test_a_lie_about_num_examples_is_dropped():
     run = {**RUN, "algorithm": "fedavg"}
 

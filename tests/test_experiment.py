@@ -186,3 +186,91 @@ def test_a_run_writes_its_report_files(tmp_path):
     assert "Aggregated MetricRecord" not in log  # Flower's raw dicts are left out
     assert row["seconds-per-round"] > 0 and row["cpu-seconds"] > 0
     assert os.path.basename(row["path"]) == "seed-0"
+
+
+ATTACKED = """
+[experiment]
+nodes = 5
+seeds = [0]
+workers = 1
+pivot = ["attack"]
+pivot-metric = "honest-accuracy"
+columns = ["honest-accuracy"]
+
+[attacks.nan-40]
+fraction = 0.4
+node-config = { byzantine = "nan" }
+
+[base]
+dataset = "digits"
+algorithm = "fedavg"
+split = "none"
+num-server-rounds = 2
+evaluate-every = 2
+fraction-train = 1.0
+
+[[run]]
+name = "FedAvg"
+grid = { attack = ["none", "nan-40"] }
+
+[[run]]
+name = "FedAvg held out"
+holdout-fraction = 0.4
+"""
+
+
+def test_attacks_pivot_and_held_out_clients(tmp_path):
+    """An [attacks] table makes partitions 0 .. f-1 Byzantine (their NaN replies are dropped
+    and counted); honest-accuracy pools the other clients' test examples, recomputed here
+    from clients.csv; the pivot table has one column per attack; a run with held-out
+    clients reports the trained and the new ones apart; a changed attack reruns the run."""
+    path = write(tmp_path, ATTACKED)
+    exp = load(path, out=tmp_path / "out")
+    assert exp.labels == ["FedAvg attack=none", "FedAvg attack=nan-40", "FedAvg held out"]
+    assert "attack" not in experiment.run_config(exp.runs[1], exp)  # not a run-config key
+    rows = {r["label"]: r for r in execute(exp, progress=False)}
+    clean, attacked = rows["FedAvg attack=none"], rows["FedAvg attack=nan-40"]
+    assert clean["dropped-replies"] == 0 and attacked["dropped-replies"] == 2 * 2
+
+    def pooled(row, keep):
+        with open(os.path.join(row["path"], "clients.csv")) as f:
+            clients = [c for c in csv.DictReader(f) if keep(int(float(c["partition-id"])))]
+        n = sum(float(c["num-examples"]) for c in clients)
+        return sum(float(c["personal-accuracy"]) * float(c["num-examples"]) for c in clients) / n
+
+    assert attacked["honest-accuracy"] == pytest.approx(pooled(attacked, lambda p: p >= 2))
+    assert clean["honest-accuracy"] == pytest.approx(clean["personal-accuracy"])
+    held = rows["FedAvg held out"]
+    assert held["personal-accuracy-new"] == pytest.approx(pooled(held, lambda p: p >= 3))
+    assert held["personal-accuracy-trained"] == pytest.approx(pooled(held, lambda p: p < 3))
+
+    text = write_summary(exp, list(rows.values()))
+    pivot = text[text.index("honest-accuracy % by attack") :].splitlines()
+    assert pivot[2] == "| run | none | nan-40 | – |"
+    cells = pivot[4].split(" | ")
+    assert pivot[4].startswith("| FedAvg |") and pivot[4].endswith("| – |")
+    assert float(cells[2].split(" ± ")[0]) == pytest.approx(100 * attacked["honest-accuracy"])
+
+    edited = ATTACKED.replace('byzantine = "nan"', 'byzantine = "inf"')
+    again = load(write(tmp_path, edited), out=tmp_path / "out")
+    assert [r.label for r in again.runs if not finished(r, again)] == ["FedAvg attack=nan-40"]
+    bad = ATTACKED.replace('byzantine = "nan"', 'byzantine = "nann"')
+    with pytest.raises(ExperimentError, match=r"\[attacks.nan-40\].*'nann'"):
+        load(write(tmp_path, bad))
+    with pytest.raises(ExperimentError, match=r"'attack' = 'nan-4'.*allowed"):
+        load(write(tmp_path, ATTACKED.replace('"none", "nan-40"', '"none", "nan-4"')))
+
+
+def test_a_grid_value_that_is_a_table_sets_keys_that_go_together(tmp_path):
+    text = TINY.replace(
+        'grid = { split = ["head", "input"] }',
+        "grid = { data = [{ lr = 0.1, local-epochs = 2 }, { lr = 0.2, local-epochs = 1 }] }",
+    )
+    exp = load(write(tmp_path, text), out=tmp_path / "out")
+    assert exp.labels == ["FedAvg", "FedAlt lr=0.1 local-epochs=2", "FedAlt lr=0.2 local-epochs=1"]
+    run = next(r for r in exp.runs if r.label == "FedAlt lr=0.2 local-epochs=1")
+    assert run.config["lr"] == 0.2 and run.config["local-epochs"] == 1 and "data" not in run.config
+    with pytest.raises(ExperimentError, match="'seed': not here"):
+        load(write(tmp_path, text.replace("{ lr = 0.1,", "{ seed = 1, lr = 0.1,")))
+    with pytest.raises(ExperimentError, match="'lr': set and also by a grid value"):
+        load(write(tmp_path, text.replace('algorithm = "fedalt"', 'algorithm = "fedalt"\nlr = 1')))
