@@ -29,14 +29,17 @@ seconds its worker process spent in ``ClientHalf.train`` (the metric ``bench-tra
 added by this harness's wrapper around pflower's ClientApp), and a round's CPU is the whole
 process tree's (this process, Ray's GCS, raylet and workers, read from ``/proc``) from one
 ``configure_train`` to the next phase. ``non_training_share`` is then everything else: the
-engine's messaging and scheduling, Ray's own processes, the ClientApp's set-up, the server.
-Only the share (and ``train_ms``) is reported there.
+engine's messaging and scheduling, Ray's own processes, the ClientApp's set-up, the server;
+``non_training_cpu_s_per_round`` splits it (median over rounds 2..) into this process (the
+ServerApp and Flower's dispatcher), the Ray workers outside ``ClientHalf.train`` and Ray's
+own processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import threading
@@ -203,6 +206,7 @@ def measure_simulation(preset: str, clients: int, out: str) -> dict:
         getattr(app, kind)()(timed)
     monitor = TreeMonitor()
     marks: list[tuple[str, float]] = []  # (phase, tree CPU s)
+    snapshots: list[dict[int, float]] = []  # per mark: pid -> CPU s so far
     trained: list[list[float]] = []  # per training round: each reply's training CPU s
     originals = {
         n: getattr(PersonalizedStrategy, n)
@@ -212,6 +216,7 @@ def measure_simulation(preset: str, clients: int, out: str) -> dict:
     def marking(name):
         def wrapped(self, *args, **kwargs):
             marks.append((name, monitor.sample()))
+            snapshots.append(dict(monitor.cpu_of))
             return originals[name](self, *args, **kwargs)
 
         return wrapped
@@ -249,6 +254,22 @@ def measure_simulation(preset: str, clients: int, out: str) -> dict:
     ]
     shares = [1 - sum(t) / total for t, total in zip(trained, rounds)]
     every = [t for round_ in trained for t in round_]
+    # where the rest went, per round: this process (the ServerApp and Flower's dispatcher),
+    # the Ray workers outside ClientHalf.train (the ClientApp's set-up, Flower's worker
+    # side, (de)serialising messages) and Ray's own processes (GCS, raylet, monitors)
+    kinds: dict[str, list[float]] = {"server": [], "workers-outside-training": [], "ray": []}
+    spans = [
+        (before, after)
+        for (phase, _), before, after in zip(marks, snapshots, snapshots[1:])
+        if phase == "configure_train"
+    ]
+    for (before, after), train in zip(spans, trained):
+        spent = {k: 0.0 for k in kinds}
+        for pid, cpu in after.items():
+            spent[_kind(pid)] += cpu - before.get(pid, 0.0)
+        spent["workers-outside-training"] -= sum(train)
+        for k, v in spent.items():
+            kinds[k].append(v)
     return {
         "preset": preset,
         "clients": clients,
@@ -258,8 +279,29 @@ def measure_simulation(preset: str, clients: int, out: str) -> dict:
         "round_cpu_s": [round(c, 2) for c in rounds],
         "round_train_cpu_s": [round(sum(t), 2) for t in trained],
         "non_training_share": round(statistics.median(shares[1:] or shares), 3),
+        "non_training_cpu_s_per_round": {
+            k: round(statistics.median(v[1:] or v), 3) for k, v in kinds.items()
+        },
         "wall_s": round(time.monotonic() - started, 1),
     }
+
+
+_KINDS: dict[int, str] = {}
+
+
+def _kind(pid: int) -> str:
+    """``server`` (this process), ``workers-outside-training`` (a Ray worker: its command
+    line starts with ``ray::``) or ``ray`` (Ray's own processes)."""
+    if pid not in _KINDS:
+        if pid == os.getpid():
+            _KINDS[pid] = "server"
+        else:
+            try:
+                line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                line = b""
+            _KINDS[pid] = "workers-outside-training" if b"ray::" in line else "ray"
+    return _KINDS[pid]
 
 
 def main(argv=None) -> None:
