@@ -217,6 +217,8 @@ def measure_simulation(preset: str, clients: int, out: str) -> dict:
         def wrapped(self, *args, **kwargs):
             marks.append((name, monitor.sample()))
             snapshots.append(dict(monitor.cpu_of))
+            for pid in snapshots[-1]:
+                _kind(pid)  # while it lives
             return originals[name](self, *args, **kwargs)
 
         return wrapped
@@ -291,27 +293,117 @@ _KINDS: dict[int, str] = {}
 
 def _kind(pid: int) -> str:
     """``server`` (this process), ``workers-outside-training`` (a Ray worker: its command
-    line starts with ``ray::``) or ``ray`` (Ray's own processes)."""
-    if pid not in _KINDS:
-        if pid == os.getpid():
-            _KINDS[pid] = "server"
-        else:
-            try:
-                line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                line = b""
-            _KINDS[pid] = "workers-outside-training" if b"ray::" in line else "ray"
-    return _KINDS[pid]
+    line starts with ``ray::`` once it runs a task or actor) or ``ray`` (Ray's own
+    processes). Read while the process lives (called at every mark); a worker read before
+    it took its ``ray::`` title is read again."""
+    if pid == os.getpid():
+        return "server"
+    if _KINDS.get(pid) != "workers-outside-training":
+        try:
+            line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            worker = b"ray::" in line or b"default_worker.py" in line
+            _KINDS[pid] = "workers-outside-training" if worker else "ray"
+        except OSError:
+            pass
+    return _KINDS.get(pid, "ray")
+
+
+def measure_floor(preset: str, clients: int, out: str) -> dict:
+    """The engine's own cost for the same messages: Flower's ``FedAvg`` and a ClientApp that
+    sends the received arrays straight back (no pflower code on either side, no training),
+    ``run_simulation`` as in ``measure_simulation``. Per training round (rounds 2..): the
+    process tree's CPU seconds and their split as there."""
+    from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import ServerApp
+    from flwr.serverapp.strategy import FedAvg
+    from flwr.simulation import run_simulation
+    from scale import TreeMonitor
+
+    from pflower.config import Config
+    from pflower.task.data import dataset_info
+    from pflower.task.models import build_model
+
+    run = {**PRESETS[preset], "outputs-dir": out}
+    cfg = Config.from_run_config(run)
+    info = dataset_info(cfg)
+    model = build_model(cfg.model, info.input_shape, info.num_classes)  # the same arrays
+    rounds = int(run["num-server-rounds"])
+    monitor = TreeMonitor()
+    snapshots: list[dict[int, float]] = []
+
+    class MarkedFedAvg(FedAvg):
+        def configure_train(self, *args, **kwargs):
+            monitor.sample()
+            snapshots.append(dict(monitor.cpu_of))
+            for pid in snapshots[-1]:
+                _kind(pid)
+            return super().configure_train(*args, **kwargs)
+
+    client = ClientApp()
+
+    @client.train()
+    def echo(msg, context):
+        content = RecordDict(
+            {"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 100})}
+        )
+        return Message(content=content, reply_to=msg)
+
+    server = ServerApp()
+
+    @server.main()
+    def main_(grid, context):
+        strategy = MarkedFedAvg(
+            fraction_train=1.0,
+            fraction_evaluate=0.0,
+            min_train_nodes=clients,
+            min_available_nodes=clients,
+        )
+        strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=rounds)
+
+    started = time.monotonic()
+    try:
+        run_simulation(
+            server_app=server,
+            client_app=client,
+            num_supernodes=clients,
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        )
+    finally:
+        monitor.stop()
+    kinds: dict[str, list[float]] = {"server": [], "workers-outside-training": [], "ray": []}
+    for before, after in zip(snapshots, snapshots[1:]):
+        spent = {k: 0.0 for k in kinds}
+        for pid, cpu in after.items():
+            spent[_kind(pid)] += cpu - before.get(pid, 0.0)
+        for k, v in spent.items():
+            kinds[k].append(v)
+    totals = [sum(v) for v in zip(*kinds.values())]
+    return {
+        "preset": preset,
+        "clients": clients,
+        "engine": "simulation-floor",
+        "round_cpu_s": [round(c, 2) for c in totals],
+        "round_cpu_s_median": round(statistics.median(totals[1:] or totals), 3),
+        "cpu_s_per_round": {k: round(statistics.median(v[1:] or v), 3) for k, v in kinds.items()},
+        "wall_s": round(time.monotonic() - started, 1),
+    }
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="leaf")
     parser.add_argument("--clients", type=int, nargs="+", default=[1000])
-    parser.add_argument("--engine", choices=["local", "simulation"], default="local")
+    parser.add_argument(
+        "--engine", choices=["local", "simulation", "simulation-floor"], default="local"
+    )
     parser.add_argument("--out", default="/tmp/pflower-client-cost")
     args = parser.parse_args(argv)
-    how = measure_simulation if args.engine == "simulation" else measure
+    how = {
+        "local": measure,
+        "simulation": measure_simulation,
+        "simulation-floor": measure_floor,
+    }[args.engine]
     for clients in args.clients:
         print(json.dumps(how(args.preset, clients, args.out)), flush=True)
 
