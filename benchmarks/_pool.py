@@ -1,10 +1,9 @@
-"""The benchmarks' shared driver: runs in worker processes, progress lines, partial results."""
+"""A script benchmark's driver (``ffgg_synthetic.py``): runs in worker processes, progress
+lines, partial results. Sweeps over methods and seeds are experiment files instead."""
 
 from __future__ import annotations
 
 import json
-import logging
-import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -28,28 +27,3 @@ def run_pool(
             print(f"{label(result)} ({result['seconds']:.0f} s)", flush=True)
             (out / "results.json").write_text(json.dumps({**header, "runs": results}))
     return results
-
-
-def percent_cell(values, digits: int = 2) -> str:
-    """Fractions as a table cell: mean ± sample std in percent ("–" if none; std 0 for one)."""
-    values = [100 * v for v in values if v is not None]
-    if not values:
-        return "–"
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.{digits}f} ± {std:.{digits}f}"
-
-
-def quiet_worker() -> None:
-    """A benchmark worker process: one torch thread (the pool runs processes side by side),
-    Flower's and pflower's logs at errors only."""
-    import torch
-
-    torch.set_num_threads(1)
-    for name in ("flwr", "pflower"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def pooled_accuracy(rows: list[dict], key: str = "personal-accuracy") -> float:
-    """Accuracy pooled over the clients' test examples (each client weighted by its count)."""
-    total = sum(r["num-examples"] for r in rows)
-    return sum(r[key] * r["num-examples"] for r in rows) / total

@@ -300,8 +300,12 @@ def _kind(pid: int) -> str:
         return "server"
     if _KINDS.get(pid) != "workers-outside-training":
         try:
-            line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-            worker = b"ray::" in line or b"default_worker.py" in line
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            # a worker's title, or a worker before it took one (the raylet's own command
+            # line names default_worker.py among its options, not as its program)
+            worker = args[0].startswith(b"ray::") or any(
+                a.endswith(b"default_worker.py") for a in args[:2]
+            )
             _KINDS[pid] = "workers-outside-training" if worker else "ray"
         except OSError:
             pass
