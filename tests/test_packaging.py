@@ -1,6 +1,6 @@
 """The distribution: ``python -m build`` makes a wheel and an sdist whose metadata says what
-pflower needs (ranges, extras), whose version is the one in pyproject.toml, and whose
-wheel holds the package and nothing else."""
+pflower needs (ranges, extras), whose version is the one in pyproject.toml, whose
+wheel holds the package and nothing else, and that ``twine check`` accepts."""
 
 from __future__ import annotations
 
@@ -79,6 +79,17 @@ def test_the_sdist_builds_again_with_its_changelog(dist):
     assert {"pyproject.toml", "README.md", "CHANGELOG.md", "constraints.txt"} <= names
     assert "pflower/client_app.py" in names
     assert not any(n.startswith(("outputs/", "deploy/", ".venv/")) for n in names)
+
+
+def test_twine_accepts_the_wheel_and_the_sdist(dist):
+    """What PyPI would check on upload: the metadata and the README renders (--strict: a
+    warning, e.g. a missing long-description content type, fails too)."""
+    files = sorted(str(p) for p in dist.iterdir())
+    assert len(files) == 2, files
+    cmd = [sys.executable, "-m", "twine", "check", "--strict", *files]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("PASSED") == 2, done.stdout
 
 
 def test_every_run_records_what_produced_it(tmp_path):
