@@ -1,0 +1,96 @@
+"""The command line: ``python -m pflower.experiment FILE`` and ``pflower experiment FILE``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pflower.config import ConfigError
+from pflower.experiment.loading import load
+from pflower.experiment.running import execute, finished
+from pflower.experiment.tables import write_summary
+
+
+def _value(text: str) -> Any:
+    """``--set`` values as TOML reads them (numbers, booleans, quoted strings), else a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m pflower.experiment",
+        description="Run an experiment file (a grid of runs) and summarize it.",
+    )
+    p.add_argument("file", type=Path, help="the experiment's TOML file")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default: the file's)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="replace the file's seeds")
+    p.add_argument("--only", nargs="+", default=None, metavar="RUN", help="runs by name or label")
+    p.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="run-config keys over [base] for every run",
+    )
+    p.add_argument("--workers", type=int, default=None, help="runs side by side")
+    p.add_argument("--check", action="store_true", help="validate the file, list runs, stop")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"--set {item!r}: must be KEY=VALUE", file=sys.stderr)
+            return 2
+        overrides[key.strip()] = _value(value.strip())
+    try:
+        experiment = load(args.file, overrides, args.seeds, args.only, args.out)
+    except ConfigError as err:
+        print(f"pflower: {err}", file=sys.stderr)
+        return 2
+    if args.workers is not None:
+        experiment.workers = args.workers
+    todo = sum(not finished(r, experiment) for r in experiment.runs)
+    print(
+        f"{experiment.name}: {len(experiment.labels)} runs x {len(experiment.seeds)} seeds = "
+        f"{len(experiment.runs)} ({todo} to run), {experiment.nodes} clients each, engine "
+        f"{experiment.engine}, {experiment.parallel} at a time -> {experiment.out}",
+        file=sys.stderr,
+    )
+    if args.check:
+        for label in experiment.labels:
+            print(f"  {label}", file=sys.stderr)
+        return 0
+    started = time.perf_counter()
+    cpu = time.process_time()
+    rows = execute(experiment, progress=not args.no_progress)
+    text = write_summary(experiment, rows) if rows else "no finished run"
+    wall = time.perf_counter() - started
+    print(f"\n{text}\n")
+    print(
+        f"{len(rows)} of {len(experiment.runs)} runs finished; this command: {wall:.0f} s wall, "
+        f"{time.process_time() - cpu:.0f} s CPU in this process (each run's own in "
+        f"summary.csv: cpu-seconds); outputs: {experiment.out}"
+    )
+    return 0 if len(rows) == len(experiment.runs) else 1
+
+
+def cli() -> None:
+    """The ``pflower`` console script: ``pflower experiment FILE [options]``."""
+    argv = sys.argv[1:]
+    if not argv or argv[0] != "experiment":
+        print("usage: pflower experiment FILE [options] (pflower experiment --help)")
+        raise SystemExit(2)
+    raise SystemExit(main(argv[1:]))

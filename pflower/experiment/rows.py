@@ -1,0 +1,93 @@
+"""A finished run's row of ``summary.csv`` and its per-client final metrics."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from pflower.experiment.spec import RUN_FINISHED
+
+
+def row_of(directory: Path) -> dict:
+    """A finished run's ``summary.csv`` row: who it is, its final evaluation, its cost."""
+    meta = json.loads((directory / RUN_FINISHED).read_text())
+    results = json.loads((directory / "results.json").read_text())
+    config = json.loads((directory / "config.json").read_text())
+    run_config = config["run-config"]
+    pretrain = run_config.get("pretrain-rounds", 0)
+    rounds = [r for r in results["rounds"] if r["round"] > pretrain and r["train"]]
+    trained = [r for r in results["rounds"] if "train-down" in r.get("wire", {})]
+    row = {
+        "label": meta["label"],
+        "name": meta["name"],
+        "seed": meta["seed"],
+        **{f"grid:{k}": v for k, v in meta["grid"].items()},
+        "algorithm": run_config["algorithm"],
+        "split": config["split"],
+        "rounds": len(results["rounds"]),
+        **results["final"],
+        # median: the first rounds also pay for loading the data
+        "seconds-per-round": statistics.median(r["seconds"] for r in rounds) if rounds else None,
+        "train-bytes-down-per-round": _mean(r["wire"]["train-down"] for r in trained),
+        "train-bytes-up-per-round": _mean(r["wire"].get("train-up", 0) for r in trained),
+        "dropped-replies": results["dropped-replies"],
+        "wall-seconds": meta["wall-seconds"],
+        "cpu-seconds": meta["cpu-seconds"],
+        "path": str(directory),
+    }
+    clients = clients_of(row)
+    if "attack" in meta:  # the honest clients' pooled personalized accuracy
+        byzantine = meta["attack"]["byzantine-nodes"]
+        row["honest-accuracy"] = _pooled([c for p, c in clients.items() if p >= byzantine])
+    holdout = run_config.get("holdout-fraction", 0)
+    if holdout:  # held-out partitions: the top fraction of the ids (strategies/nodes.py)
+        cutoff = meta["nodes"] - round(holdout * meta["nodes"])
+        row["personal-accuracy-trained"] = _pooled([c for p, c in clients.items() if p < cutoff])
+        row["personal-accuracy-new"] = _pooled([c for p, c in clients.items() if p >= cutoff])
+    return row
+
+
+def _pooled(clients: list[dict], key: str = "personal-accuracy") -> float | None:
+    """``key`` pooled over the clients' test examples (each weighted by its count)."""
+    clients = [c for c in clients if key in c]
+    total = sum(c["num-examples"] for c in clients)
+    return sum(c[key] * c["num-examples"] for c in clients) / total if total else None
+
+
+def _mean(values: Iterable[float]) -> float | None:
+    values = list(values)
+    return sum(values) / len(values) if values else None
+
+
+def clients_of(row: Mapping) -> dict[int, dict]:
+    """A run's per-client final metrics (clients.csv), by partition id."""
+    path = Path(row["path"]) / "clients.csv"
+    if not path.exists():
+        return {}
+    with open(path) as f:
+        return {
+            int(float(r["partition-id"])): {k: float(v) for k, v in r.items() if v != ""}
+            for r in csv.DictReader(f)
+        }
+
+
+def hurt_vs(rows: list[dict], baseline: str) -> None:
+    """Per run: its clients whose personalized accuracy is below the ``baseline`` run's
+    global accuracy on the same client and seed (``hurt-vs-baseline``)."""
+    base = {r["seed"]: clients_of(r) for r in rows if r["label"] == baseline}
+    for row in rows:
+        reference = base.get(row["seed"])
+        if not reference:
+            continue
+        mine = clients_of(row)
+        row["hurt-vs-baseline"] = sum(
+            1
+            for pid, m in mine.items()
+            if pid in reference
+            and "personal-accuracy" in m
+            and "global-accuracy" in reference[pid]
+            and m["personal-accuracy"] < reference[pid]["global-accuracy"]
+        )
