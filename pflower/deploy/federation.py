@@ -1,34 +1,10 @@
-"""The deployment kit: credentials (a self-signed CA, the SuperLink's TLS certificate, one EC
-key pair per SuperNode for node authentication), the ``flwr`` CLI's connection, a Fleet
-gateway, and a federation on loopback started and stopped by process id.
-
-    python -m pflower.deploy credentials --out deploy/credentials --supernodes 2
-    python -m pflower.deploy connection --credentials deploy/credentials --address 127.0.0.1:9094
-    python -m pflower.deploy gateway --listen 0.0.0.0:9093 --superlink 127.0.0.1:9094 \
-        --credentials deploy/credentials
-    python -m pflower.deploy up --dir deploy --supernodes 2     # all of it, on loopback
-    python -m pflower.deploy down --dir deploy
-
-Security model (README "Who can do what"): the SuperLink listens on loopback only, since
-Flower 1.41 serves its Control API (register SuperNode keys, submit runs, whose code then runs
-on every device), Runtime API and Fleet API on one port without account authentication
-(Flower Enterprise's OIDC aside). Devices reach the Fleet API through the gateway, which
-forwards ``/v1/fleet/*`` and refuses everything else.
-
-Files under ``--out``: ``ca.crt`` (give it to every SuperNode and to the ``flwr`` CLI),
-``server.pem`` / ``server.key`` (the certificate of the SuperLink and the gateway for
-``--host`` names, signed by the CA; the key never leaves the server), ``supernode-<i>`` /
-``supernode-<i>.pub`` (SuperNode i's private key, OpenSSH PEM, stays on the device; its public
-key is what the operator registers with ``flwr supernode register``). For prototyping and
-loopback tests; production deployments should use their organisation's PKI.
+"""A federation on loopback: the SuperLink, its Fleet gateway and registered SuperNodes as
+processes started and stopped by process id (``python -m pflower.deploy up``).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import datetime
-import ipaddress
 import json
 import os
 import shutil
@@ -39,127 +15,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import NameOID
-
-
-def _write(path: Path, data: bytes, private: bool = False) -> None:
-    """Atomic write; private keys readable by their owner only."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(data)
-    if private:
-        os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
-
-
-def _name(common: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
-
-
-def credentials(
-    out: str | os.PathLike,
-    supernodes: int = 2,
-    hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "::1"),
-    days: int = 365,
-) -> Path:
-    """Write a CA, the SuperLink's certificate for ``hosts`` and ``supernodes`` node key
-    pairs under ``out``; returns the directory."""
-    out = Path(out).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.UTC)
-    valid = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days))
-
-    ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(_name("pflower CA"))
-        .issuer_name(_name("pflower CA"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(valid[0])
-        .not_valid_after(valid[1])
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    server_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    names = []
-    for host in hosts:
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
-    server = (
-        x509.CertificateBuilder()
-        .subject_name(_name(hosts[0]))
-        .issuer_name(ca.subject)
-        .public_key(server_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(valid[0])
-        .not_valid_after(valid[1])
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    _write(out / "ca.crt", ca.public_bytes(pem))
-    _write(out / "server.pem", server.public_bytes(pem))
-    _write(
-        out / "server.key",
-        server_key.private_bytes(
-            pem, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
-        ),
-        private=True,
-    )
-    for i in range(supernodes):
-        node_keys(out / f"supernode-{i}")
-    return out
-
-
-def node_keys(path: str | os.PathLike) -> Path:
-    """An EC (P-384) key pair for SuperNode authentication: ``path`` (OpenSSH private key)
-    and ``path.pub`` (OpenSSH public key, to register)."""
-    path = Path(path).expanduser()
-    key = ec.generate_private_key(ec.SECP384R1())
-    _write(
-        path,
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.OpenSSH,
-            serialization.NoEncryption(),
-        ),
-        private=True,
-    )
-    public = key.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-    )
-    _write(path.with_name(path.name + ".pub"), public + b"\n")
-    return path
-
-
-def connection(flwr_home: str | os.PathLike, name: str, address: str, ca: str) -> Path:
-    """Add (or replace) the SuperLink connection ``name`` in ``flwr_home/config.toml``, the
-    Flower configuration the ``flwr`` CLI reads (``FLWR_HOME``, default ``~/.flwr``), and
-    make it the default; written by Flower's own configuration writer."""
-    from flwr.cli import flower_config
-    from flwr.cli.typing import SuperLinkConnection
-
-    home = Path(flwr_home).expanduser().resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    before = os.environ.get("FLWR_HOME")
-    os.environ["FLWR_HOME"] = str(home)  # Flower's writer finds the file through it
-    try:
-        root = str(Path(ca).expanduser().resolve())
-        flower_config.write_superlink_connection(
-            SuperLinkConnection(name, address=address, root_certificates=root, insecure=False)
-        )
-        flower_config.set_default_superlink_connection(name)
-    finally:
-        if before is None:
-            os.environ.pop("FLWR_HOME", None)
-        else:
-            os.environ["FLWR_HOME"] = before
-    return home / "config.toml"
+from pflower.deploy.credentials import _write, connection, credentials
+from pflower.deploy.gateway import gateway_command
+from pflower.deploy.processes import descendants, is_ours, stop_tree
 
 
 def _bin(name: str) -> str:
@@ -184,14 +42,6 @@ def superlink_command(creds: Path, port: int, database: Path) -> list[str]:
         "--port", str(port),
         "--database", str(database),
         "--disable-runtime-dependency-installation",
-    ]  # fmt: skip
-
-
-def gateway_command(creds: Path, listen: str, superlink: str) -> list[str]:
-    """The Fleet gateway (``gateway``) as a process: ``python -m pflower.deploy gateway``."""
-    return [
-        sys.executable, "-m", "pflower.deploy", "gateway",
-        "--listen", listen, "--superlink", superlink, "--credentials", str(creds),
     ]  # fmt: skip
 
 
@@ -222,12 +72,6 @@ ACTIVATION_REFUSED = "Failed to activate SuperNode"
 #: how long the SuperLink keeps a silent node online: Flower's heartbeat interval (30 s)
 #: times its patience (2), plus one call timeout
 HEARTBEAT_WINDOW_S = 65
-#: the paths the gateway forwards: Flower's Fleet API (what a SuperNode calls)
-FLEET_API = "/v1/fleet/"
-_HOP_HEADERS = frozenset(
-    {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te",
-     "trailer", "upgrade", "proxy-connection", "content-encoding"}
-)  # fmt: skip
 
 
 def register(creds: Path, key: str, connection_name: str, env: Mapping[str, str]) -> str:
@@ -246,126 +90,6 @@ def register(creds: Path, key: str, connection_name: str, env: Mapping[str, str]
     if done.returncode != 0 and ALREADY_REGISTERED not in said.lower():
         raise RuntimeError(f"flwr supernode register {key}.pub failed:\n{said}")
     return said
-
-
-def gateway(listen: str, superlink: str, creds: Path) -> None:
-    """Serve Flower's Fleet API, and nothing else, on ``listen`` ("host:port", TLS with the
-    SuperLink's certificate), forwarding each call to the SuperLink at ``superlink``
-    (loopback, its certificate checked against ``ca.crt``).
-
-    Why: Flower 1.41 serves the Control API (register keys, submit runs, whose app code then
-    runs on every device), the Runtime API and the Fleet API on one port, and its open-source
-    Control API has no account authentication. Devices must reach the Fleet API; nobody but
-    the operator may reach the rest. Everything that is not a POST under ``/v1/fleet/`` is
-    answered 403 and logged with the caller's address."""
-    import ssl
-
-    import httpx
-    import uvicorn
-    from starlette.applications import Starlette
-    from starlette.responses import PlainTextResponse, Response
-    from starlette.routing import Route
-
-    upstream = httpx.AsyncClient(
-        base_url=f"https://{superlink}",
-        verify=ssl.create_default_context(cafile=str(creds / "ca.crt")),
-        timeout=None,
-    )
-
-    async def forward(request):
-        path, caller = request.url.path, request.client.host if request.client else "?"
-        if request.method != "POST" or not path.startswith(FLEET_API):
-            print(f"gateway: refused {request.method} {path} from {caller}", flush=True)
-            return PlainTextResponse(
-                "pflower gateway: only Flower's Fleet API is served on this address\n", 403
-            )
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
-        try:
-            reply = await upstream.post(
-                path, content=await request.body(), headers=headers, params=request.query_params
-            )
-        except httpx.TransportError as err:  # the SuperLink is down: the node retries
-            return PlainTextResponse(f"pflower gateway: SuperLink unreachable ({err})\n", 502)
-        kept = {k: v for k, v in reply.headers.items() if k.lower() not in _HOP_HEADERS}
-        return Response(reply.content, status_code=reply.status_code, headers=kept)
-
-    methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
-    app = Starlette(routes=[Route("/{path:path}", forward, methods=methods)])
-    host, port = listen.rsplit(":", 1)
-    print(f"gateway: Fleet API on {listen} -> SuperLink {superlink}", flush=True)
-    uvicorn.run(
-        app,
-        host=host.strip("[]"),
-        port=int(port),
-        ssl_certfile=str(creds / "server.pem"),
-        ssl_keyfile=str(creds / "server.key"),
-        log_level="warning",
-        access_log=False,
-    )
-
-
-# --- processes: started, recognised and stopped by pid, with their whole trees -------------
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, parent pid) of a process, None if there is none."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()  # the name in parentheses may hold spaces
-    return fields[0], int(fields[1])
-
-
-def alive(pid: int) -> bool:
-    stat = _stat(pid)
-    return stat is not None and stat[0] not in ("Z", "X")  # a zombie has ended
-
-
-def cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-
-
-def is_ours(pid: int, command: list[str]) -> bool:
-    """Whether process ``pid`` runs ``command`` (its arguments; the interpreter in front of
-    a script may differ): a recorded pid reused by another program is never ours."""
-    running = cmdline(pid)
-    return alive(pid) and bool(command) and running[-(len(command) - 1) :] == command[1:]
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, grandchildren...), from /proc."""
-    parent_of = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
-            parent_of[int(entry.name)] = stat[1]
-    found, frontier = [], [pid]
-    while frontier:
-        children = [p for p, parent in parent_of.items() if parent in frontier]
-        found.extend(children)
-        frontier = children
-    return found
-
-
-def stop_tree(pid: int, timeout: float = 5.0) -> list[int]:
-    """SIGTERM ``pid``, its process group and every process below it (Flower starts some
-    children in process groups of their own), then SIGKILL what is left after ``timeout``;
-    returns the pids that were signalled."""
-    tree = [pid, *descendants(pid)]  # before the parent ends: its children are reparented
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for target in tree:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(target, sig)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(alive(p) for p in tree):
-            time.sleep(0.1)
-        if not any(alive(p) for p in tree):
-            break
-    return tree
 
 
 class Federation:
@@ -638,71 +362,3 @@ def _toml(value: object) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     return json.dumps(value) if isinstance(value, str) else str(value)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m pflower.deploy", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    cred = sub.add_parser("credentials", help="CA, SuperLink certificate, SuperNode keys")
-    cred.add_argument("--out", required=True)
-    cred.add_argument("--supernodes", type=int, default=2)
-    cred.add_argument("--hosts", nargs="*", default=["localhost", "127.0.0.1", "::1"])
-    conn = sub.add_parser("connection", help="a SuperLink connection for the flwr CLI")
-    conn.add_argument("--credentials", required=True, help="the directory with ca.crt")
-    conn.add_argument("--address", default="127.0.0.1:9094", help="the SuperLink's address")
-    conn.add_argument("--name", default="pflower-deployment")
-    conn.add_argument("--flwr-home", default=os.environ.get("FLWR_HOME", "~/.flwr"))
-    gate = sub.add_parser("gateway", help="serve the SuperLink's Fleet API only, on an address")
-    gate.add_argument("--listen", required=True, help="host:port the devices reach")
-    gate.add_argument("--superlink", default="127.0.0.1:9094", help="the SuperLink (loopback)")
-    gate.add_argument("--credentials", required=True, help="ca.crt, server.pem, server.key")
-    up = sub.add_parser("up", help="credentials, SuperLink, gateway, registered SuperNodes")
-    up.add_argument("--dir", default="deploy")
-    up.add_argument("--supernodes", type=int, default=2)
-    up.add_argument("--port", type=int, default=9093, help="the gateway's (devices') port")
-    down = sub.add_parser("down", help="stop what 'up' started (<dir>/pids.json, checked)")
-    down.add_argument("--dir", default="deploy")
-    args = parser.parse_args(argv)
-    if args.command == "credentials":
-        out = credentials(args.out, args.supernodes, tuple(args.hosts))
-        print(f"credentials in {out}: ca.crt, server.pem, server.key, supernode-<i>[.pub]")
-    elif args.command == "connection":
-        path = connection(
-            args.flwr_home, args.name, args.address, str(Path(args.credentials) / "ca.crt")
-        )
-        print(f"SuperLink connection {args.name!r} -> {args.address} written to {path}")
-    elif args.command == "gateway":
-        gateway(args.listen, args.superlink, Path(args.credentials).expanduser())
-    elif args.command == "up":
-        fed = Federation(args.dir, args.supernodes, args.port)
-        try:
-            for line in fed.up():
-                print(line)
-        except RuntimeError as err:  # Flower's own words, then what was started is stopped
-            print(f"up failed: {err}", file=sys.stderr)
-            fed.stop_all()
-            sys.exit(1)
-        print(
-            f"SuperLink on 127.0.0.1:{fed.superlink_port} (operator side: Control API), "
-            f"Fleet gateway on {fed.fleet_address} (devices), {args.supernodes} SuperNodes "
-            f"(pids in {fed.root / 'pids.json'}, logs in {fed.logs}). Submit with:\n"
-            f"  FLWR_HOME={fed.flwr_home} flwr run . {fed.name} --stream\n"
-            f"Stop with: python -m pflower.deploy down --dir {args.dir}"
-        )
-    else:
-        fed = Federation(args.dir)
-        if not fed.entries:
-            print(f"nothing recorded in {fed.root / 'pids.json'}")
-        for label in sorted(fed.entries, key=lambda k: (k == "superlink", k == "gateway")):
-            pid = fed.entries[label]["pid"]
-            if fed.running(label):
-                fed.stop(label)
-                print(f"stopped {label} (pid {pid}) and the processes below it")
-            else:
-                print(f"{label}: pid {pid} is no longer this federation's process; left alone")
-                fed.entries.pop(label)
-                fed._save_pids()
-
-
-if __name__ == "__main__":
-    main()

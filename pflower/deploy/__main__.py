@@ -1,0 +1,6 @@
+"""``python -m pflower.deploy credentials|connection|gateway|up|down ...``."""
+
+from pflower.deploy.command import main
+
+if __name__ == "__main__":
+    main()

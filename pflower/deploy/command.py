@@ -1,0 +1,78 @@
+"""The command line: ``python -m pflower.deploy credentials|connection|gateway|up|down``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from pflower.deploy.credentials import connection, credentials
+from pflower.deploy.federation import Federation
+from pflower.deploy.gateway import gateway
+
+
+def main(argv: list[str] | None = None) -> None:
+    from pflower import deploy  # its docstring is the help text
+
+    parser = argparse.ArgumentParser(prog="python -m pflower.deploy", description=deploy.__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    cred = sub.add_parser("credentials", help="CA, SuperLink certificate, SuperNode keys")
+    cred.add_argument("--out", required=True)
+    cred.add_argument("--supernodes", type=int, default=2)
+    cred.add_argument("--hosts", nargs="*", default=["localhost", "127.0.0.1", "::1"])
+    conn = sub.add_parser("connection", help="a SuperLink connection for the flwr CLI")
+    conn.add_argument("--credentials", required=True, help="the directory with ca.crt")
+    conn.add_argument("--address", default="127.0.0.1:9094", help="the SuperLink's address")
+    conn.add_argument("--name", default="pflower-deployment")
+    conn.add_argument("--flwr-home", default=os.environ.get("FLWR_HOME", "~/.flwr"))
+    gate = sub.add_parser("gateway", help="serve the SuperLink's Fleet API only, on an address")
+    gate.add_argument("--listen", required=True, help="host:port the devices reach")
+    gate.add_argument("--superlink", default="127.0.0.1:9094", help="the SuperLink (loopback)")
+    gate.add_argument("--credentials", required=True, help="ca.crt, server.pem, server.key")
+    up = sub.add_parser("up", help="credentials, SuperLink, gateway, registered SuperNodes")
+    up.add_argument("--dir", default="deploy")
+    up.add_argument("--supernodes", type=int, default=2)
+    up.add_argument("--port", type=int, default=9093, help="the gateway's (devices') port")
+    down = sub.add_parser("down", help="stop what 'up' started (<dir>/pids.json, checked)")
+    down.add_argument("--dir", default="deploy")
+    args = parser.parse_args(argv)
+    if args.command == "credentials":
+        out = credentials(args.out, args.supernodes, tuple(args.hosts))
+        print(f"credentials in {out}: ca.crt, server.pem, server.key, supernode-<i>[.pub]")
+    elif args.command == "connection":
+        path = connection(
+            args.flwr_home, args.name, args.address, str(Path(args.credentials) / "ca.crt")
+        )
+        print(f"SuperLink connection {args.name!r} -> {args.address} written to {path}")
+    elif args.command == "gateway":
+        gateway(args.listen, args.superlink, Path(args.credentials).expanduser())
+    elif args.command == "up":
+        fed = Federation(args.dir, args.supernodes, args.port)
+        try:
+            for line in fed.up():
+                print(line)
+        except RuntimeError as err:  # Flower's own words, then what was started is stopped
+            print(f"up failed: {err}", file=sys.stderr)
+            fed.stop_all()
+            sys.exit(1)
+        print(
+            f"SuperLink on 127.0.0.1:{fed.superlink_port} (operator side: Control API), "
+            f"Fleet gateway on {fed.fleet_address} (devices), {args.supernodes} SuperNodes "
+            f"(pids in {fed.root / 'pids.json'}, logs in {fed.logs}). Submit with:\n"
+            f"  FLWR_HOME={fed.flwr_home} flwr run . {fed.name} --stream\n"
+            f"Stop with: python -m pflower.deploy down --dir {args.dir}"
+        )
+    else:
+        fed = Federation(args.dir)
+        if not fed.entries:
+            print(f"nothing recorded in {fed.root / 'pids.json'}")
+        for label in sorted(fed.entries, key=lambda k: (k == "superlink", k == "gateway")):
+            pid = fed.entries[label]["pid"]
+            if fed.running(label):
+                fed.stop(label)
+                print(f"stopped {label} (pid {pid}) and the processes below it")
+            else:
+                print(f"{label}: pid {pid} is no longer this federation's process; left alone")
+                fed.entries.pop(label)
+                fed._save_pids()
