@@ -1,0 +1,157 @@
+"""A run's files: ``config.json`` (with what produced it), ``results.json``, ``clients.csv``,
+``final-shared.pt``, and the plots (``plots.py``), in a new output directory.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from pflower.report.plots import (
+    _plot_clients,
+    _plot_convergence,
+    _plot_diagnostic,
+    _plot_labels,
+    _plot_rounds,
+)
+
+if TYPE_CHECKING:
+    from pflower.config import Config
+
+log = logging.getLogger("flwr.pflower")
+
+
+@dataclasses.dataclass
+class RunReport:
+    """What a run produced, in the form the files and the table are written from."""
+
+    cfg: Config
+    split: str
+    num_nodes: int
+    rounds: list  # of RoundLog
+    clients: list[dict]
+    seconds: float
+    #: the final shared parameters (saved as ``final-shared.pt``), if known
+    shared: dict | None = None
+    #: where ``write`` put the files
+    path: Path | None = None
+
+    @property
+    def final(self) -> dict:
+        evaluated = [r.evaluate for r in self.rounds if r.evaluate]
+        return evaluated[-1] if evaluated else {}
+
+    @property
+    def dropped(self) -> int:
+        return sum(sum(r.dropped.values()) for r in self.rounds)
+
+
+SHARED_FILE = "final-shared.pt"
+
+
+def provenance() -> dict:
+    """What produced a run: versions, pflower's git commit (None outside a checkout), machine."""
+    import platform
+    import subprocess
+    from importlib import metadata
+
+    import pflower
+
+    try:
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                cwd=Path(pflower.__file__).parent,
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+            or None
+        )
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {
+        "pflower": pflower.__version__,
+        "flwr": metadata.version("flwr"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "git-commit": commit,
+        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs",
+    }
+
+
+def output_dir(cfg: Config) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = Path(cfg.outputs_dir).expanduser().resolve() / f"{stamp}-{cfg.algorithm}"
+    suffix = 1
+    while path.exists():
+        suffix += 1
+        path = path.with_name(f"{stamp}-{cfg.algorithm}-{suffix}")
+    path.mkdir(parents=True)
+    return path
+
+
+def write(report: RunReport, out: Path | None = None) -> Path:
+    """Write every output file (into ``out``, or a new output directory); return it."""
+    out = out or output_dir(report.cfg)
+    report.path = out
+    if report.shared is not None:  # what a device loads next to its personal layers
+        torch.save(report.shared, out / SHARED_FILE)
+    (out / "config.json").write_text(
+        json.dumps(
+            {
+                "run-config": report.cfg.to_flat(),
+                "seed": report.cfg.seed,
+                "split": report.split,
+                "num-nodes": report.num_nodes,
+                "produced-by": provenance(),
+            },
+            indent=2,
+        )
+    )
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "rounds": [dataclasses.asdict(r) for r in report.rounds],
+                "final": report.final,
+                "dropped-replies": report.dropped,
+                "seconds": report.seconds,
+            },
+            indent=2,
+        )
+    )
+    if report.clients:
+        keys = sorted({k for row in report.clients for k in row}, key=_column_order)
+        with open(out / "clients.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=keys)
+            writer.writeheader()
+            for row in sorted(report.clients, key=lambda r: r.get("partition-id", 0)):
+                writer.writerow(row)
+    try:  # plots are the one optional output: the extra 'plots' (in 'app') draws them
+        import matplotlib
+
+        matplotlib.use("Agg")
+    except ImportError:
+        log.warning("pflower: no plots (matplotlib missing: pip install 'pflower[plots]')")
+        return out
+    _plot_rounds(report, out / "accuracy.png")
+    _plot_clients(report, out / "clients.png")
+    _plot_labels(report, out / "labels.png")
+    if any("grad-norm-mean" in r.train for r in report.rounds):
+        _plot_diagnostic(report, out / "split-diagnostic.png")
+    if any("theta-error" in r.server for r in report.rounds):
+        _plot_convergence(report, out / "convergence.png")
+    return out
+
+
+def _column_order(key: str) -> tuple[int, str]:
+    first = ["partition-id", "num-examples", "num-train", "personal-accuracy", "global-accuracy"]
+    return (first.index(key), key) if key in first else (len(first), key)
