@@ -28,6 +28,19 @@ PRETRAIN, TRAIN = "pretrain", "train"  # values of PHASE
 QUERY = "query"  # the start-up query's question (comma-separated)
 #: the run's tag: a resumed run keeps it, so a device tells its own run's state by it
 RUN_TAG = "run-tag"
+#: the handshake, in every message's config: the server's algorithm and a fingerprint of the
+#: settings its clients must share (``pflower.strategies.checks``); a client running anything
+#: else raises ``ConfigMismatch`` and the server counts the reply as a ``config mismatch``
+ALGORITHM, SETTINGS_FINGERPRINT = "algorithm", "settings-fingerprint"
+CONFIG_MISMATCH = "config mismatch"
+#: true in a node's training message after its replies were dropped for their values in
+#: consecutive rounds: the node starts this round from its personal init, not its stored state
+PERSONAL_RESET = "personal-reset"
+
+
+class ConfigMismatch(ValueError):
+    """A message from a server whose algorithm or client settings differ from this client's
+    (its text starts with ``CONFIG_MISMATCH``, which the server counts by)."""
 
 
 @dataclass
