@@ -120,45 +120,5 @@ def test_to_flat_roundtrip():
     assert Config.from_run_config(cfg.to_flat()) == cfg
 
 
-def _readme_key_table() -> dict[str, tuple[str, str]]:
-    """README's run-config key table: key -> (default as written, whole row)."""
-    import re
-
-    text = (PYPROJECT.parent / "README.md").read_text()
-    table = text[text.index("### Run-config keys") : text.index("### Byzantine clients")]
-    rows = {}
-    for line in table.splitlines():
-        if line.startswith("| `"):
-            cols = line.split("|")
-            keys = re.findall(r"`([a-z0-9-]+)`", cols[1])
-            defaults = re.findall(r"`([^`]*)`", cols[2])
-            for key, default in zip(keys, defaults):
-                rows[key] = (default, line)
-    return rows
-
-
-def _same(written: str, value) -> bool:
-    if isinstance(value, bool):
-        return written == str(value).lower()
-    if isinstance(value, str):
-        return written.strip('"') == value
-    try:
-        return float(written) == float(value)
-    except ValueError:
-        return False
-
-
-def test_pyproject_config_and_readme_agree_on_every_key_and_default():
-    """One list of keys in three places: a key missing from pyproject is refused by `flwr
-    run`, one missing from the README is undocumented; their defaults must be Config's
-    (pyproject's few default-run overrides are named in the README row)."""
-    defaults = Config().to_flat()
-    run_config = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
-    readme = _readme_key_table()
-    assert set(readme) == set(defaults), set(readme) ^ set(defaults)
-    assert set(run_config) == set(defaults), set(run_config) ^ set(defaults)
-    for key, value in defaults.items():
-        written, row = readme[key]
-        assert _same(written, value), (key, written, value)
-        if run_config[key] != value:  # the default run differs: the README says so
-            assert f"`{run_config[key]}` in the default run" in row, (key, run_config[key])
+# pyproject, Config and the docs' key reference (generated from the settings models) agree
+# on every key and default, and every key has a description: tests/test_docs.py
