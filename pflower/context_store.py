@@ -19,7 +19,17 @@ the device must start it from the state it had before, or it would apply that ro
 personal step twice. So every key keeps the newest entry and the one before it
 (``<key>.prev``); training in round r loads the newest entry of this run written *before*
 round r (evaluation in round r: up to r), and a save in a round this run already wrote
-replaces that entry instead of pushing the committed one out.
+replaces that entry instead of pushing the committed one out. If the newest entry's file is
+unreadable, the client resumes from the previous one and says so.
+
+**Reset by the server.** A node whose replies the server dropped for their values in
+consecutive rounds (non-finite, or an update beyond the norm bound) may be wedged by its own
+stored state: every round starts from it, so every reply is dropped again. The server then
+sets ``personal-reset`` in that node's training message; the node starts the round from its
+personal init as a new client would (``ScopedStore.load`` returns nothing), and what the round
+saves becomes the newest entry, which the next rounds start from. Stored values that are
+absurd on their face (non-finite, or far beyond the model's scale) never get this far:
+``pflower.task.state.load_matching`` refuses them at load.
 """
 
 from __future__ import annotations
@@ -34,8 +44,8 @@ from typing import TYPE_CHECKING
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
-from pflower.task.state import DirectoryStore, Store, check_key
-from pflower.wire import RUN_TAG, SERVER_ROUND
+from pflower.task.state import DirectoryStore, Store, UnreadableState, check_key
+from pflower.wire import PERSONAL_RESET, RUN_TAG, SERVER_ROUND
 
 if TYPE_CHECKING:
     from pflower.strategies.client import ClientJob
@@ -146,6 +156,9 @@ class ScopedStore:
     carry : bool (default: True)
         Whether state written by other runs of the same scope may be loaded
         (``personal-state = "experiment"``).
+    reset : bool (default: False)
+        The server's ``personal-reset``: load nothing (every key starts from the init); what
+        is saved replaces the stored state as in any other round.
     """
 
     def __init__(
@@ -157,15 +170,25 @@ class ScopedStore:
         server_round: int = 0,
         training: bool = True,
         carry: bool = True,
+        reset: bool = False,
     ) -> None:
         self.raw, self.scope, self.run = raw, scope, run
         self.server_round, self.training, self.carry = server_round, training, carry
+        self.reset = reset
 
-    def _entries(self, key: str) -> list[_Entry]:
-        """The stored entries of ``key``, newest first."""
+    def _entries(self, key: str, unreadable: dict[str, str] | None = None) -> list[_Entry]:
+        """The stored entries of ``key``, newest first; the slots whose file cannot be read
+        go into ``unreadable`` (slot: reason), not into the list."""
         entries = []
+        # DirectoryStore.read raises on an unreadable file where its load logs a fresh start
+        read = self.raw.read if isinstance(self.raw, DirectoryStore) else self.raw.load
         for slot in (check_key(key), key + PREVIOUS):
-            tensors = self.raw.load(slot)
+            try:
+                tensors = read(slot)
+            except UnreadableState as err:
+                if unreadable is not None:
+                    unreadable[slot] = str(err)
+                continue
             if tensors is None:
                 continue
             meta_tensor = tensors.pop(META, None)
@@ -191,13 +214,36 @@ class ScopedStore:
         return self.carry
 
     def load(self, key: str) -> dict[str, torch.Tensor] | None:
-        entries = self._entries(key)
+        if self.reset:  # personal-reset from the server (logged once, by scope_job)
+            return None
+        unreadable: dict[str, str] = {}
+        entries = self._entries(key, unreadable)
+        chosen = self._choose(entries)
+        where = f" in {self.raw.directory}" if isinstance(self.raw, DirectoryStore) else ""
+        for slot, why in unreadable.items():
+            if chosen is None:
+                done = "re-initialising"
+            elif chosen.slot == key + PREVIOUS:
+                done = f"resumed from the previous version {chosen.slot!r} of round {chosen.round}"
+            else:
+                done = "the newest version is used"
+            log.warning("personal state %r%s is unreadable (%s); %s", slot, where, why, done)
+        if chosen is not None:
+            return chosen.tensors
+        self._report_foreign(key, entries)
+        return None
+
+    def _choose(self, entries: list[_Entry]) -> _Entry | None:
+        """The entry this message starts from, if any."""
         usable = [e for e in entries if self._mine(e) and self._usable(e)]
         own = [e for e in usable if self.run and e.run == self.run]
         if own:  # this run's own state wins over any other run's
-            return max(own, key=lambda e: e.round).tensors
+            return max(own, key=lambda e: e.round)
         if usable:  # the newest of another run of this scope (or, without a run tag, any)
-            return usable[0].tensors
+            return usable[0]
+        return None
+
+    def _report_foreign(self, key: str, entries: list[_Entry]) -> None:
         foreign = [e for e in entries if not self._mine(e)]
         if foreign and len(foreign) == len(entries):
             newest = foreign[0]
@@ -211,7 +257,6 @@ class ScopedStore:
                 key,
                 why,
             )
-        return None
 
     def save(self, key: str, tensors: Mapping[str, torch.Tensor]) -> None:
         newest = next(iter(self._entries(key)), None)
@@ -238,8 +283,12 @@ def _meta_tensor(meta: Mapping) -> torch.Tensor:
 
 def scope_job(job: ClientJob, config: Mapping, training: bool) -> None:
     """Put ``job``'s store behind the ``ScopedStore`` of this message: the client's scope,
-    the server's run tag and round, ``personal-state``."""
+    the server's run tag and round, ``personal-state``, and the server's ``personal-reset``
+    (a training message only: this round starts from the personal init)."""
     raw = job.store.raw if isinstance(job.store, ScopedStore) else job.store
+    reset = training and config.get(PERSONAL_RESET, False) is True
+    if reset:
+        log.warning("personal-reset from the server: starting this round from the personal init")
     job.store = ScopedStore(
         raw,
         Scope.of(job.cfg, job.partition_id, job.num_partitions, job.init_personal),
@@ -247,4 +296,5 @@ def scope_job(job: ClientJob, config: Mapping, training: bool) -> None:
         server_round=int(config.get(SERVER_ROUND, 0)),
         training=training,
         carry=job.cfg.personal_state == "experiment",
+        reset=reset,
     )

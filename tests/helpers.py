@@ -17,17 +17,21 @@ BASE = {
 }
 
 
-def job_for(overrides, partition_id=0, state=None, server_round=1) -> ClientJob:
-    """The ClientJob the ClientApp would build for ``partition_id`` of 4 (digits, MLP)."""
-    cfg = parse_config(frozenset({**BASE, **overrides}.items()))
-    context = Context(
+def node_context(partition_id=0, state=None) -> Context:
+    """The Flower context of the node holding ``partition_id`` of 4."""
+    return Context(
         run_id=1,
         node_id=partition_id + 1,
-        state=state or RecordDict(),
+        state=RecordDict() if state is None else state,
         node_config={"partition-id": partition_id, "num-partitions": 4},
         run_config={},
     )
-    return make_job(cfg, context, server_round)
+
+
+def job_for(overrides, partition_id=0, state=None, server_round=1) -> ClientJob:
+    """The ClientJob the ClientApp would build for ``partition_id`` of 4 (digits, MLP)."""
+    cfg = parse_config(frozenset({**BASE, **overrides}.items()))
+    return make_job(cfg, node_context(partition_id, state), server_round)
 
 
 def corrupting_app(overrides, partitions, value: float):

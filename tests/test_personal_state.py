@@ -10,8 +10,8 @@ import logging
 
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
-from helpers import BASE, job_for
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from helpers import BASE, job_for, node_context
 
 from pflower.client_app import build_client_app
 from pflower.config import Config, ConfigError
@@ -96,13 +96,7 @@ def test_fedalt_never_starts_from_the_head_a_pflego_run_left(task_identity, capl
     """The reported failure: names and shapes of PFLEGO's head match FedAlt's, but it was
     trained by another algorithm; FedAlt starts from its init, with one warning line."""
     model = {**BASE, "model": "pflego-mlp", "split": "head"}
-    context = Context(
-        run_id=1,
-        node_id=1,
-        state=RecordDict(),
-        run_config={},
-        node_config={"partition-id": 0, "num-partitions": 4},
-    )
+    context = node_context()
     pflego = job_for({**model, "algorithm": "pflego"}, state=context.state)
     diverged = {n: torch.full_like(t, 1e3) for n, t in pflego.init_personal.items()}
     scope = Scope.of(pflego.cfg, 0, 4, pflego.init_personal)

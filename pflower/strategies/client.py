@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from pflower.task import split as splits
 from pflower.task import train as training
 from pflower.task.models import GLOBAL_RNG
-from pflower.task.state import Store, load_matching
+from pflower.task.state import Store, load_matching, magnitude
 from pflower.wire import (
     ARRAYS,
     FINAL,
@@ -174,8 +174,10 @@ class ClientJob:
     def load(self, key: str, template: Mapping[str, torch.Tensor]) -> dict | None:
         """This client's stored state ``key`` if it fits ``template`` (``load_matching``),
         else ``None``; every algorithm's state is read here, so that ``personal-restored``
-        says whether the client resumed state of its own."""
-        stored = load_matching(self.store, key, template)
+        says whether the client resumed state of its own. Values are bounded by the scale
+        of the template and of the shared parameters just received (``load_matching``)."""
+        scale = magnitude(p.detach() for p in self.shared_params())
+        stored = load_matching(self.store, key, template, scale=scale)
         self.restored = self.restored or stored is not None
         return stored
 
@@ -308,9 +310,16 @@ for _step in ("pretrain", "evaluate"):  # the base class's own steps, as its sub
 
 
 def measured(metrics: Mapping) -> dict[str, float]:
-    """The metrics a reply may carry: finite numbers. A NaN stands for "none" (the loss of
-    zero steps) and is left out, since the server drops a reply with a non-finite metric;
-    so is anything that is not a number (a NumPyClient's own string metrics)."""
+    """The metrics a reply may carry: the finite numbers of ``metrics``.
+
+    Every pflower strategy drops a reply whose metrics hold anything that is not a finite
+    number (``pflower.wire.metrics_problem``: a NaN or Inf may be the sign of a diverged or
+    tampered client, and one would poison the round's averaged metrics). A client half may
+    report NaN for "none" (e.g. ``train-loss`` after zero local steps), and a NumPyClient
+    its own string metrics, so a ClientApp passes a client half's metrics through
+    ``measured`` before replying: ``MetricRecord(measured(metrics))``. pflower's ClientApp
+    and ``numpy_client_app`` do; a ClientApp of your own built from the public client halves
+    must too, or its replies may all be dropped."""
     return {
         k: v
         for k, v in metrics.items()

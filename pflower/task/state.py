@@ -6,7 +6,8 @@ and per-client algorithm state (scalars as 0-d tensors). Two backends:
 - ``DirectoryStore`` (here): one ``<key>.pt`` file per key in a directory on the device
   (node config ``state-dir``). Every save is atomic (temporary file + ``os.replace``), so a
   crash never leaves a half-written file; a file that cannot be read is reported and treated
-  as missing, so the client re-initialises instead of crashing.
+  as missing (``ScopedStore`` then resumes from the version before it, if it has one), so the
+  client never crashes on it.
 - ``ContextStore`` (``pflower/context_store.py``, next to the ClientApp: it is Flower's):
   Flower's ``context.state``, the default.
 """
@@ -14,10 +15,11 @@ and per-client algorithm state (scalars as 0-d tensors). Two backends:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -25,6 +27,14 @@ import torch
 
 log = logging.getLogger("flwr.pflower")
 _KEY = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+#: stored values larger than this many times the scale of the values they must match are
+#: refused (``load_matching``)
+STATE_BOUND = 1e4
+
+
+class UnreadableState(Exception):
+    """A stored entry that exists but cannot be read (``DirectoryStore.read``)."""
 
 
 def check_key(key: str) -> str:
@@ -49,13 +59,14 @@ class DirectoryStore:
     def path(self, key: str) -> Path:
         return self.directory / f"{check_key(key)}.pt"
 
-    def load(self, key: str) -> dict[str, torch.Tensor] | None:
+    def read(self, key: str) -> dict[str, torch.Tensor] | None:
+        """The entry ``key``; ``None`` if there is none; ``UnreadableState`` (with the reason)
+        if its file cannot be read as a dict of tensors."""
         path = self.path(key)
         if not path.exists():
             return None
         if not path.is_file():
-            log.warning("personal state %s is not a file; re-initialising", path)
-            return None
+            raise UnreadableState("not a file")
         try:
             loaded = torch.load(path, map_location="cpu", weights_only=True)
             if not isinstance(loaded, dict) or not all(
@@ -63,9 +74,20 @@ class DirectoryStore:
             ):
                 raise ValueError("not a dict of tensors")
         except Exception as err:  # noqa: BLE001 - any unreadable file means: start afresh
-            log.warning("personal state %s is unreadable (%s); re-initialising", path, err)
-            return None
+            first = (str(err).strip().splitlines() or [""])[0]  # one line in the log
+            reason = f"{type(err).__name__}: {first[:120]}" if first else type(err).__name__
+            raise UnreadableState(reason) from err
         return loaded
+
+    def load(self, key: str) -> dict[str, torch.Tensor] | None:
+        """The entry ``key``; ``None`` if there is none or it is unreadable (reported)."""
+        try:
+            return self.read(key)
+        except UnreadableState as err:
+            log.warning(
+                "personal state %s is unreadable (%s); re-initialising", self.path(key), err
+            )
+            return None
 
     def save(self, key: str, tensors: Mapping[str, torch.Tensor]) -> None:
         path = self.path(key)
@@ -92,14 +114,28 @@ def save_atomic(obj: object, path: Path) -> None:
 
 
 def load_matching(
-    store: Store, key: str, template: Mapping[str, torch.Tensor]
+    store: Store, key: str, template: Mapping[str, torch.Tensor], *, scale: float = 1.0
 ) -> dict[str, torch.Tensor] | None:
-    """Load ``key`` if it has exactly the template's names, shapes and dtypes and finite
-    values; otherwise ``None``.
+    """Load ``key`` if it has exactly the template's names, shapes and dtypes and sane
+    values; otherwise ``None``, with one warning line naming the key and what was wrong.
 
     A mismatch (another model or split than the one that saved the state, a file edited
-    or corrupted to NaN) is reported and treated as no state, so the algorithm initialises
-    afresh.
+    or corrupted) is treated as no state, so the algorithm initialises afresh. Sane values
+    are finite and, in the floating-point tensors, bounded::
+
+        max |stored value| <= STATE_BOUND * max(scale, max |template value|)
+
+    with ``STATE_BOUND`` = 1e4 and ``scale`` at least 1 (``ClientJob.load`` passes the
+    largest magnitude of the shared parameters just received, so the bound follows the
+    model's own scale). The template is what the state starts from or must match (the
+    personal init, the current model for APFL's v and L2GD's x_m, zeros for Scaffold's c_i
+    and APFL's alpha), so an honest state, even one that starts at zero, is far inside the
+    bound; a state 1e4 times larger than everything the model holds can only come from a
+    diverged run or a tampered file, and loading it would poison its owner forever: every
+    reply computed from it is dropped by the server's value checks, round after round.
+    (What stays inside the bound yet makes the replies dropped is the server's to end:
+    ``personal-reset``, ``pflower.context_store``.) Integer tensors (counters) are not
+    bounded here; their owner checks them.
     """
     loaded = store.load(key)
     if loaded is None:
@@ -109,7 +145,34 @@ def load_matching(
     if expected != found:
         log.warning("stored state %r does not match this model/split; re-initialising", key)
         return None
-    if not all(torch.isfinite(t).all() for t in loaded.values() if t.is_floating_point()):
+    floats = [t for t in loaded.values() if t.is_floating_point()]
+    if not all(torch.isfinite(t).all() for t in floats):
         log.warning("stored state %r holds NaN or Inf; re-initialising", key)
         return None
+    largest = magnitude(floats)
+    reference = max(scale, 1.0, magnitude(template.values()))
+    if largest > STATE_BOUND * reference:
+        log.warning(
+            "stored state %r holds values up to %.3g, beyond %.0e x the model's scale %.3g: "
+            "re-initialising",
+            key,
+            largest,
+            STATE_BOUND,
+            reference,
+        )
+        return None
     return loaded
+
+
+def magnitude(tensors: Iterable[torch.Tensor]) -> float:
+    """The largest finite |value| in the floating-point ``tensors`` (0 if there is none):
+    the scale ``load_matching`` bounds stored state by."""
+    largest = 0.0
+    for t in tensors:
+        if t.is_floating_point() and t.numel():
+            value = float(t.detach().abs().max())
+            if not math.isfinite(value):  # rare: only then the copy without NaN / Inf
+                finite = t.detach()[torch.isfinite(t.detach())]
+                value = float(finite.abs().max()) if finite.numel() else 0.0
+            largest = max(largest, value)
+    return largest

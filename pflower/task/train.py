@@ -198,17 +198,26 @@ def full_gradient(
     Accumulated batch by batch (each batch's sum, divided by the total count at the end), so
     memory stays that of one batch whatever the size of the local set.
     """
+    return loss_and_gradient(model, params, loader, device)[1]
+
+
+def loss_and_gradient(
+    model: nn.Module, params: Sequence[nn.Parameter], loader: DataLoader, device="cpu"
+) -> tuple[float, list[torch.Tensor]]:
+    """The mean loss over the whole loader and its gradient w.r.t. ``params``
+    (``full_gradient``; the loss comes with the same passes)."""
     model.eval()  # no dropout: the gradient of the function being minimised
     grads = [torch.zeros_like(p) for p in params]
-    n, criterion = 0, loss_fn(model)
+    n, total, criterion = 0, torch.zeros(()), loss_fn(model)
     with only_trainable(model, params):
         for x, y in loader:
             x, y = x.to(device), y.to(device)
             loss = criterion(model(x), y, reduction="sum")
             for g, gi in zip(grads, torch.autograd.grad(loss, params)):
                 g += gi
+            total = total.to(loss.device) + loss.detach()  # no host sync per batch
             n += len(y)
-    return [g / max(1, n) for g in grads]
+    return float(total) / max(1, n), [g / max(1, n) for g in grads]
 
 
 def gradient_descent(
