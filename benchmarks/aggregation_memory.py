@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import flwr.app as fa  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from pflower.config import RobustAggregator  # noqa: E402
+from pflower.settings import RobustAggregator  # noqa: E402
 
 
 def record(tensors: dict[str, np.ndarray]) -> fa.ArrayRecord:

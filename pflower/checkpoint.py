@@ -42,14 +42,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from logging import INFO
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from pflower.config import Config, ConfigError
+from pflower.settings import ConfigError
 from pflower.task.state import save_atomic
+
+if TYPE_CHECKING:
+    from pflower.config import Config
 
 log = logging.getLogger("flwr.pflower")
 
@@ -99,17 +103,6 @@ def interval(cfg: Config, grid: Grid) -> int:
     return max(0, cfg.checkpoint_every)
 
 
-def continuable(strategy) -> bool:
-    """Whether ``continue_rounds`` can continue ``strategy``: one that runs Flower's
-    synchronous round loop (``AsyncFFGG`` runs its own)."""
-    from pflower.strategies.server import PersonalizedStrategy
-
-    return (
-        isinstance(strategy, PersonalizedStrategy)
-        and type(strategy).start is PersonalizedStrategy.start
-    )
-
-
 def strategy_state(strategy) -> dict:
     names = (*STRATEGY_ATTRIBUTES, *getattr(strategy, "checkpoint_attributes", ()))
     return {name: getattr(strategy, name) for name in names if hasattr(strategy, name)}
@@ -151,11 +144,24 @@ class Checkpoint:
 class Checkpointer:
     """Flower's per-round ``evaluate_fn`` hook, wrapped: after round r (and round 0) of
     ``strategy``, every ``every`` rounds and after the last, write a checkpoint into
-    ``out/checkpoints`` and keep the newest ``keep``."""
+    ``out/checkpoints`` and keep the newest ``keep``. ``continuable``: whether
+    ``continue_rounds`` can continue ``strategy`` (the caller knows its round loop; this
+    module imports no strategy code, since the round loop imports it)."""
 
-    def __init__(self, cfg: Config, out: Path, strategy, every: int, keep: int, evaluate_fn=None):
+    def __init__(
+        self,
+        cfg: Config,
+        out: Path,
+        strategy,
+        every: int,
+        keep: int,
+        evaluate_fn=None,
+        *,
+        continuable: bool,
+    ):
         self.cfg, self.directory, self.strategy = cfg, Path(out) / DIRECTORY, strategy
         self.every, self.keep, self.evaluate_fn = every, keep, evaluate_fn
+        self.continuable = continuable
 
     def __call__(self, server_round: int, arrays: ArrayRecord):
         result = self.evaluate_fn(server_round, arrays) if self.evaluate_fn else None
@@ -172,7 +178,7 @@ class Checkpointer:
             "num-rounds": self.strategy.num_rounds,
             "arrays": dict(arrays.to_torch_state_dict()),
             "config": self.cfg.to_flat(),
-            "continuable": continuable(self.strategy),
+            "continuable": self.continuable,
             "strategy": torch.frombuffer(bytearray(blob), dtype=torch.uint8),
         }
         path = self.directory / f"round-{server_round}.pt"

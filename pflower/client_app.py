@@ -1,29 +1,29 @@
 """The ClientApp: message -> ClientJob (model, split, data, personal state) -> client half -> reply.
 
 Node config (set per SuperNode; the simulation engine sets the first two itself):
-``partition-id`` and ``num-partitions`` choose this client's data; ``state-dir`` (optional)
-keeps personal state in a directory on the device instead of ``context.state``;
-``byzantine`` (optional, for robustness experiments) makes the node attack
-(``pflower/experiments/attacks.py``); ``delay-s`` (optional, for straggler experiments)
-makes it wait that many seconds before each training reply
-(``pflower/experiments/stragglers.py``).
+``partition-id`` and ``num-partitions`` choose this client's data; ``data-path`` is the node's
+own data file (``dataset = "node"``); ``state-dir`` (optional) keeps personal state in a
+directory on the device instead of ``context.state``.
+
+This is what a device runs, and only that: Byzantine clients and straggler delays attach from
+outside (``pflower.experiments.client_app`` wraps the training step of this very app), and
+this module imports nothing under ``pflower.experiments``. A node whose node config or run
+config asks for experiment behaviour (``byzantine``, ``delay-s``, ``straggler-delay-s``) is
+refused here rather than silently honest or punctual.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
-from flwr.app import Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from pflower.config import Config
 from pflower.context_store import open_store, scope_job
-from pflower.experiments import attacks
-from pflower.experiments.stragglers import straggler_delay
 from pflower.strategies import build_run_model, get_algorithm, wire_split
 from pflower.strategies.client import ClientJob, measured
 from pflower.task.data import load_client_data
@@ -31,13 +31,16 @@ from pflower.task.models import GLOBAL_RNG
 from pflower.task.node_data import DATA_PATH
 from pflower.task.split import Split, get_tensors
 from pflower.task.train import resolve_device
-from pflower.wire import (
-    ARRAYS,
-    CONFIG,
-    METRICS,
-    QUERY,
-    SERVER_ROUND,
-)
+from pflower.wire import CONFIG, METRICS, QUERY, SERVER_ROUND
+
+#: a training step: (job, config record) -> (reply records, the key of the update's record,
+#: metrics); the algorithm's client half's ``reply``
+TrainStep = Callable[[ClientJob, Mapping], tuple[dict[str, ArrayRecord], str, Mapping]]
+#: runs a training step around the production one, as a Flower mod runs around a ClientApp
+#: (but with the job, which a mod never sees): (msg, context, job, config, train) -> its result
+WrapTrain = Callable[[Message, Context, ClientJob, Mapping, TrainStep], tuple]
+#: node-config keys of experiment behaviour: only ``pflower.experiments.client_app`` acts on them
+EXPERIMENT_NODE_KEYS = ("byzantine", "delay-s")
 
 
 @functools.lru_cache(maxsize=8)
@@ -93,9 +96,16 @@ def make_job(cfg: Config, context: Context, server_round: int) -> ClientJob:
     )
 
 
-def build_client_app(overrides: Mapping | None = None) -> ClientApp:
+def build_client_app(
+    overrides: Mapping | None = None, *, wrap_train: WrapTrain | None = None
+) -> ClientApp:
     """A ClientApp; ``overrides`` are run-config keys applied over ``context.run_config``
-    (``flwr.simulation.run_simulation`` passes no run config, so tests and benchmarks do)."""
+    (``flwr.simulation.run_simulation`` passes no run config, so tests and benchmarks do).
+
+    ``wrap_train`` (optional) runs each training step in place of the client half's
+    ``reply``, which it receives as ``train``: the experiment ClientApp
+    (``pflower.experiments.client_app``) attaches Byzantine behaviour and straggler delays
+    this way. Without it, a node configured for experiment behaviour is refused."""
     app = ClientApp()
 
     def setup(msg: Message, context: Context) -> tuple[Config, ClientJob, Mapping]:
@@ -110,18 +120,13 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         cfg, job, config = setup(msg, context)
-        half = get_algorithm(cfg.algorithm).client
-        # robustness experiments: a Byzantine node (node config ``byzantine``) attacks
-        tag = attacks.before_training(job, context.node_config, cfg)
-        records, key, metrics = half.reply(job, config)
-        seed = job.partition_id * 7919 + int(config.get(SERVER_ROUND, 0))
-        records = attacks.after_training(
-            records, key, msg.content[ARRAYS], context.node_config, seed
-        )
-        delay = straggler_delay(cfg, context.node_config)
-        if delay:
-            time.sleep(delay)
-        content = RecordDict({**records, METRICS: MetricRecord(measured({**metrics, **tag}))})
+        step = get_algorithm(cfg.algorithm).client.reply
+        if wrap_train is None:
+            refuse_experiment_keys(cfg, context.node_config)
+            records, _, metrics = step(job, config)
+        else:
+            records, _, metrics = wrap_train(msg, context, job, config, step)
+        content = RecordDict({**records, METRICS: MetricRecord(measured(metrics))})
         return Message(content=content, reply_to=msg)
 
     @app.query()
@@ -148,6 +153,23 @@ def build_client_app(overrides: Mapping | None = None) -> ClientApp:
         return Message(content=RecordDict({METRICS: MetricRecord(metrics)}), reply_to=msg)
 
     return app
+
+
+def refuse_experiment_keys(cfg: Config, node_config: Mapping) -> None:
+    """Refuse experiment behaviour this app does not carry: a Byzantine node or a straggler
+    that silently behaved as an honest, punctual one would make an experiment's table lie."""
+    asked = [
+        f"node config {k!r} = {node_config[k]!r}" for k in EXPERIMENT_NODE_KEYS if k in node_config
+    ]
+    if cfg.straggler_delay_s:
+        asked.append(f"run config 'straggler-delay-s' = {cfg.straggler_delay_s}")
+    if asked:
+        raise ValueError(
+            f"{'; '.join(asked)}: experiment behaviour, which the production ClientApp "
+            "(pflower.client_app:app) does not carry; run the experiment ClientApp "
+            "(clientapp = 'pflower.experiments.client_app:app', or "
+            "pflower.experiments.client_app.experiment_client_app)"
+        )
 
 
 app = build_client_app()

@@ -14,6 +14,7 @@ from flwr.serverapp import Grid, ServerApp
 from pflower import checkpoint, report
 from pflower.config import Config, ConfigError
 from pflower.strategies import (
+    PersonalizedStrategy,
     build_run_model,
     get_algorithm,
     make_strategy,
@@ -121,7 +122,7 @@ def resume_point(
     (the run continues), or a file's shared parameters (a warm start)."""
     found = checkpoint.read(cfg.resume_from)
     if isinstance(found, checkpoint.Checkpoint):
-        if found.continuable and checkpoint.continuable(strategy):
+        if found.continuable and continuable(strategy):
             found.check(cfg)
             # up to the last pre-training round the whole model travels, the shared part after
             whole = cfg.pretrain_rounds and found.round <= cfg.pretrain_rounds
@@ -173,7 +174,19 @@ def checkpointing(cfg: Config, out: Path, strategy, grid: Grid, evaluate_fn):
     every = checkpoint.interval(cfg, grid)
     if not every:
         return evaluate_fn
-    return checkpoint.Checkpointer(cfg, out, strategy, every, cfg.checkpoint_keep, evaluate_fn)
+    keep = cfg.checkpoint_keep
+    return checkpoint.Checkpointer(
+        cfg, out, strategy, every, keep, evaluate_fn, continuable=continuable(strategy)
+    )
+
+
+def continuable(strategy) -> bool:
+    """Whether ``checkpoint.continue_rounds`` can continue ``strategy``: one that runs
+    Flower's synchronous round loop (``AsyncFFGG`` runs its own)."""
+    return (
+        isinstance(strategy, PersonalizedStrategy)
+        and type(strategy).start is PersonalizedStrategy.start
+    )
 
 
 def server_evaluation(cfg: Config, strategy, grid: Grid):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
-from pflower.client_app import build_client_app
 from pflower.config import Config, ConfigError
+from pflower.experiments.client_app import experiment_client_app
 from pflower.experiments.local_grid import LocalGrid, run_local
 from pflower.experiments.stragglers import straggler_delay
 from pflower.server_app import server_evaluation
@@ -99,7 +99,8 @@ def _run(overrides, num_nodes, **grid_kwargs) -> AsyncFFGG:
     model = build_run_model(cfg)
     split = wire_split(model, cfg)
     strategy = make_strategy(cfg, split.shared)
-    grid = LocalGrid(build_client_app(overrides), num_nodes, seed=cfg.seed, **grid_kwargs)
+    # stragglers and Byzantine nodes: the experiment ClientApp
+    grid = LocalGrid(experiment_client_app(overrides), num_nodes, seed=cfg.seed, **grid_kwargs)
     strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord(get_tensors(model, split.shared)),

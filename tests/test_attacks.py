@@ -209,3 +209,23 @@ def test_omniscient_nodes_without_the_simulation_are_dropped_and_the_run_goes_on
     refused = run_local(ATTACKED, 6, node_configs=byz)
     assert refused.dropped == 2 * 3
     assert all(r.train["applied"] == 4 for r in refused.rounds if r.train)
+
+
+def test_attacks_and_delays_attach_only_through_the_experiment_client_app():
+    """The production ClientApp carries no attack: a node configured as Byzantine or as a
+    straggler is refused there (an error reply, dropped and counted: never a silently honest
+    "attacker"); the experiment ClientApp, around the same app, attacks."""
+    from pflower.client_app import build_client_app
+    from pflower.experiments.client_app import experiment_client_app
+
+    run = {**BASE, "algorithm": "fedavg", "num-server-rounds": 1, "evaluate-every": 1}
+    run |= {"local-epochs": 1, "finetune-epochs": 0}
+    nodes = {0: {"byzantine": "sign-flip"}, 1: {"delay-s": 0.0}}
+    production = run_local(run, 4, client_app=build_client_app(run), node_configs=nodes)
+    (entry,) = [r for r in production.rounds if r.train]
+    assert production.dropped == 2 and entry.train["applied"] == 2
+    assert all("experiment ClientApp" in reason for reason in entry.dropped), entry.dropped
+    slow = {**run, "straggler-delay-s": 0.001}
+    assert run_local(slow, 2, client_app=build_client_app(slow)).dropped == 2
+    attacked = run_local(run, 4, client_app=experiment_client_app(run), node_configs=nodes)
+    assert attacked.dropped == 0 and attacked.final != production.final

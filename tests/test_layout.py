@@ -1,6 +1,6 @@
 """The layout's rules (DESIGN.md): an algorithm is one unit in one file; shared modules hold
 no per-algorithm code; ``task/`` knows nothing of Flower; the client protocol imports no
-server code."""
+server code; no import circle; the device entry imports no experiment code."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pflower.strategies import ALGORITHMS
 PKG = Path(__file__).parents[1] / "pflower"
 ALGORITHM_FILES = {"fedavg", "fedalt", "ffgg", "async_ffgg", "scaffold", "l2gd", "pflego", "apfl"}
 SHARED = [
+    "settings.py",
     "config.py",
     "wire.py",
     "client_app.py",
@@ -102,5 +103,161 @@ def test_the_device_entry_imports_no_heavy_optional_package():
 
     heavy = ["torchvision", "matplotlib", "ray", "datasets", "pyarrow", "pandas", "sklearn"]
     code = f"import sys, pflower.client_app; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+# --- the import graph ----------------------------------------------------------------------
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_imports(path: Path, modules: set[str]) -> set[str]:
+    """The pflower modules ``path`` imports when it runs: at module level and inside functions
+    (lazy imports count), not under ``if TYPE_CHECKING:``; ``from x import y`` is module
+    ``x.y`` when that is a module, else ``x``; relative imports resolved."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _type_checking(node.test):
+            for child in node.orelse:  # the else branch runs
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, *([node.module] if node.module else [])])
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    targets = set()
+    for target in found:
+        while target and target not in modules:  # ``import pflower.x.Y``: the module pflower.x
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            targets.add(target)
+    return targets
+
+
+def import_graph() -> dict[str, set[str]]:
+    """pflower's modules -> the pflower modules each imports, read from the source.
+
+    Importing ``pflower.a.b`` also runs the package ``pflower.a``'s ``__init__``; that is
+    Python's package mechanism, not an import the module makes, and is left out (as
+    import-linter and grimp do): the registry is ``pflower/strategies/__init__.py`` by design."""
+    paths = sorted(PKG.rglob("*.py"))
+    modules = {_module_name(p) for p in paths}
+    return {_module_name(p): _runtime_imports(p, modules) for p in paths}
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of ``graph`` (iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph.get(nxt, ())))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    components.append(sorted(component))
+    return components
+
+
+def test_the_cycle_finder_finds_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e", "d"}}
+    assert sorted(strongly_connected(graph)) == [["a", "b", "c"], ["d"], ["e"]]
+    assert len(import_graph()) > 40 and "pflower.strategies" in import_graph()["pflower.config"]
+
+
+#: circles in code this test's author may not edit, each with its fix; the test fails when
+#: one is gone (remove it here then) as when a new one appears
+KNOWN_CIRCLES = {
+    # pflower/deploy/command.py's main() does ``from pflower import deploy`` to use the
+    # package docstring as its help text, and the package imports command.main: keep the
+    # help text in command.py (the package's docstring can point to it)
+    ("pflower.deploy", "pflower.deploy.command"),
+}
+
+
+def test_no_import_circle():
+    """No module of pflower imports, at any depth or lazily, a module that imports it back:
+    the layers of DESIGN.md run one way (``config.py`` composes ``Config`` above the
+    registry; ``settings.py`` and the registry's contract sit at the bottom)."""
+    graph = import_graph()
+    circles = {tuple(c) for c in strongly_connected(graph) if len(c) > 1}
+    assert circles == KNOWN_CIRCLES, (circles - KNOWN_CIRCLES, KNOWN_CIRCLES - circles)
+
+
+def test_the_bottom_layer_imports_no_algorithm():
+    graph = import_graph()
+    for bottom in ("pflower.settings", "pflower.wire", "pflower.strategies.registry"):
+        assert graph[bottom] <= {"pflower.settings", "pflower.wire"}, (bottom, graph[bottom])
+
+
+def test_the_device_app_imports_no_experiment_module():
+    """``client_app.py`` itself imports nothing under ``pflower.experiments``: Byzantine and
+    straggler behaviour attach from outside (``pflower.experiments.client_app``)."""
+    graph = import_graph()
+    assert not {m for m in graph["pflower.client_app"] if m.startswith("pflower.experiment")}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="pflower/strategies/server.py imports pflower.experiments.attacks at module level "
+    "(the server's ALIE / IPM simulation), and the device imports the strategies' files; fix: "
+    "import it inside PersonalizedStrategy.simulate_omniscient, or move the simulation below",
+)
+def test_the_device_entry_imports_no_experiment_code():
+    """A device runs pflower.client_app: nothing under pflower.experiments is loaded."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pflower.client_app; "
+        "print(sorted(m for m in sys.modules if m.startswith('pflower.experiment')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

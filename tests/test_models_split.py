@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pflower.config import MODELS as ALL_MODELS
-from pflower.config import SPLITS
+from pflower.settings import MODELS as ALL_MODELS
+from pflower.settings import SPLITS
 from pflower.task.models import ConvAdapter, MLPAdapter, build_model
 from pflower.task.split import get_tensors, make_split, set_tensors
 

@@ -1,6 +1,7 @@
 """Byzantine clients for robustness experiments, chosen per SuperNode by node config.
 
-``--node-config "... byzantine='sign-flip'"`` makes that node's ClientApp train honestly and
+``--node-config "... byzantine='sign-flip'"`` makes that node's experiment ClientApp
+(``pflower.experiments.client_app``; the production one refuses such a node) train honestly and
 then corrupt its reply (or, for ``label-flip``, train on corrupted labels):
 
 - ``sign-flip``: the update u is replaced by ``-byzantine-scale * u`` (u = the gradient or
@@ -153,7 +154,7 @@ def flip_labels(dataset: TensorDataset, num_classes: int) -> TensorDataset:
     return TensorDataset(x, (num_classes - 1 - y.long()).to(y.dtype))
 
 
-# --- the client side: what the ClientApp of a Byzantine node does ----------------------------
+# --- the client side: what the experiment ClientApp of a Byzantine node does ---------------
 def before_training(job: ClientJob, node_config: Mapping, cfg: Config) -> dict:
     """Prepare this node's attack on ``job``: ``label-flip`` swaps its training labels; ALIE /
     IPM nodes get the tag to add to their (honest) reply's metrics. Nothing for honest nodes."""

@@ -9,12 +9,10 @@ this module only collects them.
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING
 
 from torch import nn
 
-from pflower.config import MODELS
 from pflower.strategies import apfl as _apfl
 from pflower.strategies import async_ffgg as _async_ffgg
 from pflower.strategies import fedalt as _fedalt
@@ -52,11 +50,8 @@ from pflower.strategies.pflego import PFLEGO, PFLEGOClient
 from pflower.strategies.registry import Algorithm
 from pflower.strategies.scaffold import Scaffold, ScaffoldClient
 from pflower.strategies.server import PersonalizedStrategy, strategy_kwargs
-from pflower.task.data import dataset_info
-from pflower.task.linear import SyntheticLinear
-from pflower.task.models import build_model, build_user_model, import_object
-from pflower.task.split import Split, make_split
-from pflower.task.train import set_objective
+from pflower.task.run_model import build_run_model, split_by_rule
+from pflower.task.split import Split
 from pflower.wire import ClientUpdate
 
 if TYPE_CHECKING:
@@ -87,43 +82,14 @@ def make_strategy(cfg: Config, shared_names=None) -> PersonalizedStrategy:
     return get_algorithm(cfg.algorithm).strategy(cfg, **strategy_kwargs(cfg, shared_names))
 
 
-def build_run_model(cfg: Config) -> nn.Module:
-    """The run's model, built identically (seeded) on the server and on every client, with
-    the run's loss and task attached (``training.set_objective``).
-
-    ``model`` is a built-in name or ``module:Class`` (``build_user_model``)."""
-    if cfg.model == "synthetic-linear":
-        model: nn.Module = SyntheticLinear(cfg.linear_dtheta, cfg.linear_dw)
-    else:
-        info = dataset_info(cfg)
-        if cfg.model in MODELS:
-            model = build_model(
-                cfg.model,
-                info.input_shape,
-                info.num_classes,
-                adapters=cfg.split == "adapter",
-                seed=cfg.seed,
-            )
-        else:
-            model = build_user_model(cfg.model, info.input_shape, info.num_classes, seed=cfg.seed)
-    load = functools.partial(import_object, key="loss")
-    return set_objective(model, cfg.loss, cfg.effective_task, load)
-
-
-def _split(model: nn.Module, cfg: Config, rule: str) -> Split:
-    if rule == "config":
-        return make_split(model, cfg.split, cfg.personal_patterns)
-    return make_split(model, rule)
-
-
 def wire_split(model: nn.Module, cfg: Config) -> Split:
     """Which parameters of ``model`` cross the wire (shared) under ``cfg.algorithm``."""
-    return _split(model, cfg, get_algorithm(cfg.algorithm).wire_split)
+    return split_by_rule(model, cfg, get_algorithm(cfg.algorithm).wire_split)
 
 
 def personal_split(model: nn.Module, cfg: Config) -> Split:
     """Which parameters of ``model`` the personalized model adapts under ``cfg.algorithm``."""
-    return _split(model, cfg, get_algorithm(cfg.algorithm).personal_split)
+    return split_by_rule(model, cfg, get_algorithm(cfg.algorithm).personal_split)
 
 
 __all__ = [

@@ -42,12 +42,13 @@ from pydantic import Field
 from torch import nn
 from torch.func import functional_call
 
-from pflower.config import Settings, Weighting
+from pflower.settings import Settings, Weighting
 from pflower.strategies.client import ClientHalf, ClientJob, tagged_metrics, train_metrics
 from pflower.strategies.registry import Algorithm
 from pflower.strategies.server import PersonalizedStrategy
 from pflower.task import split as splits
 from pflower.task import train as training
+from pflower.task.run_model import build_run_model
 from pflower.wire import NUM_EXAMPLES, PHASE, PRETRAIN, ClientUpdate
 
 if TYPE_CHECKING:
@@ -277,8 +278,6 @@ class _Mixture(nn.Module):
 
 
 def apfl_strategy(cfg: Config, **kwargs) -> APFL:
-    from pflower.strategies import build_run_model
-
     if cfg.apfl_mixing == "parameters":
         model = build_run_model(cfg)
         if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):

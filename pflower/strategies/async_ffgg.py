@@ -40,7 +40,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from pydantic import Field
 
-from pflower.config import ConfigError, Settings
+from pflower.settings import ConfigError, Settings
 from pflower.strategies.ffgg import FFGG, FFGGClient, FFGGSettings
 from pflower.strategies.registry import Algorithm
 

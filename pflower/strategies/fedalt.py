@@ -38,7 +38,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 from pydantic import Field
 
-from pflower.config import ConfigError, Settings, Weighting
+from pflower.settings import ConfigError, Settings, Weighting
 from pflower.strategies.client import ClientHalf, ClientJob, train_metrics
 from pflower.strategies.registry import Algorithm
 from pflower.strategies.server import PersonalizedStrategy

@@ -50,7 +50,7 @@ import torch
 from flwr.app import ArrayRecord
 from pydantic import Field
 
-from pflower.config import ConfigError, Settings, Weighting
+from pflower.settings import ConfigError, Settings, Weighting
 from pflower.strategies.client import ClientHalf, ClientJob
 from pflower.strategies.registry import Algorithm
 from pflower.strategies.server import PersonalizedStrategy

@@ -31,7 +31,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 from pydantic import Field
 
-from pflower.config import ConfigError, Settings
+from pflower.settings import ConfigError, Settings
 from pflower.strategies.client import ClientHalf, ClientJob, train_metrics
 from pflower.strategies.combine import weighted_mean
 from pflower.strategies.registry import Algorithm

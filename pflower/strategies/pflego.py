@@ -47,11 +47,12 @@ from pydantic import Field
 from torch import nn
 from torch.nn import functional as F
 
-from pflower.config import Settings
+from pflower.settings import Settings
 from pflower.strategies.client import ClientHalf, ClientJob
 from pflower.strategies.combine import weighted_mean
 from pflower.strategies.registry import Algorithm
 from pflower.strategies.server import PersonalizedStrategy
+from pflower.task.run_model import build_run_model, split_by_rule
 from pflower.task import train as training
 from pflower.wire import GRADIENT, NUM_EXAMPLES, ClientUpdate
 
@@ -264,15 +265,14 @@ class PFLEGOClient(ClientHalf):
 
 
 def pflego_strategy(cfg: Config, **kwargs) -> PFLEGO:
-    from pflower.strategies import build_run_model, wire_split
-
     if cfg.effective_task != "classification" or cfg.loss not in ("auto", "cross-entropy"):
         raise ValueError(
             f"key 'loss' = {cfg.loss!r}, 'task' = {cfg.effective_task!r}: PFLEGO's closed-form "
             "head steps are those of a softmax head under cross-entropy (classification)"
         )
     model = build_run_model(cfg)
-    head_module(model, wire_split(model, cfg).personal)  # refuse other splits at start
+    split = split_by_rule(model, cfg, ALGORITHMS["pflego"].wire_split)
+    head_module(model, split.personal)  # refuse other splits at start
     return PFLEGO(alpha=cfg.pflego_alpha, **kwargs)
 
 

@@ -1,15 +1,18 @@
 """What an algorithm registers: how the app builds its strategy and client half, which
 parameters cross the wire, its settings and its defaults. Each algorithm's file declares its own
-``ALGORITHMS`` entries; ``pflower.strategies`` collects them."""
+``ALGORITHMS`` entries; ``pflower.strategies`` collects them. The contract sits at the bottom
+of the layers with ``pflower.settings``: it imports no algorithm and no strategy code."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pflower.config import Settings
-from pflower.strategies.client import ClientHalf
+from pflower.settings import Settings
+
+if TYPE_CHECKING:
+    from pflower.strategies.client import ClientHalf
 
 
 @dataclass(frozen=True)
@@ -21,8 +24,8 @@ class Algorithm:
     on the client); ``"none"`` shares every parameter (FedAvg); ``"full"`` shares none
     (local training). ``personal_split``: the split whose personal part the personalized
     model adapts (differs from the wire split for FedAvg + fine-tuning). ``defaults``: the
-    values this algorithm uses for run-config keys left at ``auto`` (``config.AUTO``).
-    ``settings``: its own keys (``config.Settings`` subclasses), composed into ``Config``.
+    values this algorithm uses for run-config keys left at ``auto`` (``settings.AUTO``).
+    ``settings``: its own keys (``settings.Settings`` subclasses), composed into ``Config``.
     ``numpy_client``: whether ``pflower.numpy_client`` can run its client half.
     """
 

@@ -32,7 +32,7 @@ import torch
 from flwr.app import Array, ArrayRecord
 from pydantic import Field
 
-from pflower.config import Settings
+from pflower.settings import Settings
 from pflower.strategies.client import ClientJob, train_metrics
 from pflower.strategies.combine import weighted_mean
 from pflower.strategies.fedavg import FedAvgClient

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from pflower.config import LR_SCHEDULES, SERVER_OPTIMIZERS
+from pflower.settings import LR_SCHEDULES, SERVER_OPTIMIZERS
 
 
 class ServerOptimizer:
