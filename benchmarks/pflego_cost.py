@@ -88,7 +88,7 @@ def profile_pflego(model: str, tau: int) -> str:
     total = stats.total_tt
     parts = {}
     for (_file, _, func), (_, _, _, cum, _) in stats.stats.items():
-        if func in ("features", "head_steps", "full_gradient", "save_personal", "restore_head"):
+        if func in ("features", "head_steps", "loss_and_gradient", "save_personal", "restore_head"):
             parts[func] = parts.get(func, 0.0) + cum
     lines = [
         f"- `{k}`: {100 * v / total:.0f}%" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])

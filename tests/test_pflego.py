@@ -62,6 +62,23 @@ def test_gradient_is_taken_before_the_head_step():
         )
 
 
+@pytest.mark.parametrize("tau", [1, 4])
+def test_head_loss_is_the_loss_where_the_gradient_is_taken(tau):
+    """``head-loss`` is l_i(W_i, theta) after the tau - 1 head steps, before (3): finite for
+    tau = 1 too (it was NaN, and a ClientApp without ``measured`` had every reply dropped)."""
+    job = job_for({**PFLEGO, "local-steps": tau})
+    half = PFLEGOClient()
+    half.init_head(job)
+    half.head_steps(job, tau - 1)
+    data = job.train_loader.dataset.tensors
+    with torch.no_grad():
+        expected = float(F.cross_entropy(job.model(data[0]), data[1].long()))
+    half.init_head(job)  # train() starts from the same (first-visit) head
+    records, _, metrics = half.reply(job, {"pflego-head-lr": 0.5, "lr": 0.1, "phase": "train"})
+    assert all(np.isfinite(v) for v in metrics.values()), metrics
+    assert metrics["head-loss"] == pytest.approx(expected, rel=1e-5)
+
+
 def test_round_with_every_client_and_sgd_is_one_gd_step_on_L():
     """r = I, SGD server, tau = 1: theta and every head move by -rho * grad L(psi), with
     L = sum_i alpha_i l_i, computed here centrally from all clients' data."""

@@ -20,6 +20,7 @@ from helpers import BASE, job_for, node_context
 
 from pflower.client_app import build_client_app
 from pflower.context_store import ContextStore, Scope, ScopedStore, open_store, scope_job
+from pflower.strategies import measured
 from pflower.strategies.apfl import ALPHA_KEY, V_KEY, APFLClient
 from pflower.strategies.client import PERSONAL
 from pflower.strategies.l2gd import LOCAL_MODEL, L2GDClient
@@ -227,3 +228,13 @@ def test_unreadable_newest_and_no_previous_version_says_re_initialising(tmp_path
         assert _scoped(raw, 3).load(PERSONAL) is None
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "re-initialising" in lines[0], lines
+
+
+# --- measured: public, for a ClientApp of one's own ---------------------------------------
+
+
+def test_measured_is_public_and_keeps_only_finite_numbers():
+    assert measured({"a": 1.0, "b": float("nan"), "c": "text", "d": True, "n": 3}) == {
+        "a": 1.0,
+        "n": 3,
+    }

@@ -23,7 +23,7 @@ from pflower.strategies import pflego as _pflego
 from pflower.strategies import scaffold as _scaffold
 from pflower.strategies.apfl import APFL, APFLClient
 from pflower.strategies.async_ffgg import AsyncFFGG
-from pflower.strategies.client import ClientHalf, ClientJob
+from pflower.strategies.client import ClientHalf, ClientJob, measured
 from pflower.strategies.fedalt import (
     FedAlt,
     FedAltClient,
@@ -126,6 +126,7 @@ __all__ = [
     "ScaffoldClient",
     "get_algorithm",
     "make_strategy",
+    "measured",
     "personal_split",
     "wire_split",
 ]

@@ -11,7 +11,7 @@ N_i / sum_j N_j, l_i the mean cross-entropy over client i's whole local set::
         first visit: W_i ~ U[0, 1), seeded by the client             (the authors' code)
         Phi = [phi(X_i; theta), 1]                       # ONCE, under no_grad
         repeat tau - 1: W_i <- W_i - beta grad_W l_i(W_i, theta)     # on Phi, closed form
-        one forward/backward at (W_i, theta): g_W, g_theta
+        one forward/backward at (W_i, theta): g_W, g_theta, l_i  # l_i: head-loss
         W_i <- W_i - rho (I / r) g_W                                  (3)
         send g_theta                                     # computed BEFORE the (3) step
 
@@ -45,15 +45,14 @@ import torch
 from flwr.app import ArrayRecord
 from pydantic import Field
 from torch import nn
-from torch.nn import functional as F
 
 from pflower.settings import Settings
 from pflower.strategies.client import ClientHalf, ClientJob
 from pflower.strategies.combine import weighted_mean
 from pflower.strategies.registry import Algorithm
 from pflower.strategies.server import PersonalizedStrategy
-from pflower.task.run_model import build_run_model, split_by_rule
 from pflower.task import train as training
+from pflower.task.run_model import build_run_model, split_by_rule
 from pflower.wire import GRADIENT, NUM_EXAMPLES, ClientUpdate
 
 if TYPE_CHECKING:
@@ -217,11 +216,11 @@ class PFLEGOClient(ClientHalf):
         if not job.restore_personal():
             self.init_head(job)
 
-    def head_steps(self, job: ClientJob, steps: int) -> torch.Tensor:
+    def head_steps(self, job: ClientJob, steps: int) -> None:
         """``steps`` closed-form GD steps of the head on phi(X; theta), computed once."""
         head = self._head(job)
         if steps <= 0:
-            return torch.tensor(float("nan"))
+            return
         phi, y = features(job.model, head, job.train_loader, job.device)
         beta = job.personal_lr
         with torch.no_grad():
@@ -229,15 +228,16 @@ class PFLEGOClient(ClientHalf):
                 g_w, g_b = head_gradient(phi, y, head.weight, head.bias)
                 head.weight -= beta * g_w
                 head.bias -= beta * g_b
-            return F.cross_entropy(phi @ head.weight.T + head.bias, y)
 
     def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
         tau = job.cfg.local_steps or 1
         self.restore_head(job)
-        loss = self.head_steps(job, tau - 1)
+        self.head_steps(job, tau - 1)
         head = self._head(job)
         shared = job.shared_params()
-        grads = training.full_gradient(
+        # head-loss: l_i(W_i, theta) where the exact gradient is taken (after the tau - 1
+        # head steps, before (3)); the same pass, so it is there for tau = 1 too
+        loss, grads = training.loss_and_gradient(
             job.model, [*shared, head.weight, head.bias], job.train_loader, job.device
         )
         g_theta, (g_w, g_b) = grads[: len(shared)], grads[len(shared) :]
@@ -251,7 +251,7 @@ class PFLEGOClient(ClientHalf):
         record = ArrayRecord({n: g.cpu() for n, g in zip(job.split.shared, g_theta)})
         return record, {
             NUM_EXAMPLES: job.num_train,
-            "head-loss": float(loss),
+            "head-loss": loss,
             "personal-restored": float(job.restored),
         }
 
