@@ -11,8 +11,9 @@ a ``ConfigError`` that names the key, the value and what is allowed; an unknown 
 same way, so a typo never silently does nothing.
 
 Over 400 lines for a reason: ``RunSettings`` is one flat model of every run-level key (as
-Flower's run config is one flat mapping), and its field list, with a comment per key, is the
-reference the README's key table follows; split, the keys would be read in several places.
+Flower's run config is one flat mapping), and its field list, with a description per key, is
+what the docs' run-config reference is generated from; split, the keys would be read in
+several places.
 """
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ class RunSettings(Settings):
     server optimizer, robust combining, experiments, outputs. Every algorithm reads these;
     its own keys are in its settings (``pflower/strategies/<algorithm>.py``).
 
-    Field names are the dashed run-config keys with ``_`` for ``-``; see README.md for
-    the meaning of each key.
+    Field names are the dashed run-config keys with ``_`` for ``-``; each field's
+    ``description`` is its entry in the docs' run-config reference (docs/reference/run-config.md).
 
     ``algorithms`` is the registry (name -> ``Algorithm``) that the ``algorithm`` key chooses
     from: empty here, filled in by the composed ``pflower.config.Config``; the rules of the
@@ -146,139 +147,568 @@ class RunSettings(Settings):
     algorithms: ClassVar[Mapping[str, Algorithm]] = {}
 
     # --- what to run -----------------------------------------------------------------------
-    algorithm: str = "fedalt"
-    #: a name of ``MODELS`` or ``module:attribute``, an ``nn.Module`` class or factory of your own
-    model: str = "mlp"
-    loss: str = "auto"
-    task: TaskName = "auto"
-    split: SplitName = "head"
-    split_patterns: str = Field("", alias="split-patterns")
+    algorithm: str = Field(
+        "fedalt",
+        description=(
+            "the algorithm to run (Algorithms page); `fedrep` / `fedper` are FedAlt / FedSim under "
+            "the names of the papers that use them with a personal head"
+        ),
+    )
+    model: str = Field(
+        "mlp",
+        description=(
+            "`mlp` (784→200→200→C, APFL), `logreg`, `pflego-mlp` (784→200 body + head), "
+            "`cnn-cifar` (PFLEGO's CIFAR CNN), `cnn-apfl` (APFL's CIFAR CNN), `conv4` (Omniglot), "
+            "`resnet18-gn` (torchvision ResNet-18, GroupNorm, 3×3 stem, no first max-pool), "
+            "`synthetic-linear` (FFGG's §3.1 model θ·p + w·q; inputs of `linear-dtheta` + "
+            "`linear-dw` features). No BatchNorm anywhere. Or your own: `module:Class`, an "
+            "`nn.Module` class or factory"
+        ),
+    )
+    loss: str = Field(
+        "auto",
+        description=(
+            "`auto`: the model's own `loss` method if it has one, else `cross-entropy` for "
+            "classification, `mse` for regression; or `module:function` for a loss of your own"
+        ),
+    )
+    task: TaskName = Field(
+        "auto",
+        description=(
+            "`classification` (accuracy reported) or `regression` (loss and RMSE); `auto`: "
+            'regression with `loss = "mse"` or the synthetic-linear problem, classification '
+            "otherwise"
+        ),
+    )
+    split: SplitName = Field(
+        "head",
+        description=(
+            "the personal part: `none`, `head` (output layer), `input` (first layer), `adapter` "
+            "(residual adapters + all norm layers; the model is built with adapters), `full`"
+        ),
+    )
+    split_patterns: str = Field(
+        "",
+        alias="split-patterns",
+        description=(
+            "comma-separated glob patterns over parameter names (e.g. `fc.*,layer4.*`); overrides "
+            "`split`"
+        ),
+    )
 
     # --- data ------------------------------------------------------------------------------
-    dataset: str = "mnist-5k"
-    partitioner: PartitionerName = "pathological"
-    classes_per_client: int = Field(2, alias="classes-per-client", ge=1)
-    class_assignment: ClassAssignment = Field("first-deterministic", alias="class-assignment")
-    dirichlet_alpha: float = Field(0.3, alias="dirichlet-alpha", gt=0)
-    min_partition_size: int = Field(10, alias="min-partition-size", ge=0)
-    natural_column: str = Field("client_id", alias="natural-column")
-    label_column: str = Field("label", alias="label-column")
-    feature_column: str = Field("", alias="feature-column")
-    #: ``dataset = "node"`` (each device reads its own file): what the model needs, which the
-    #: server cannot read from data it does not have. ``input-shape``: one example's shape,
-    #: e.g. "1,28,28" or "60"; ``num-classes``: classes (classification)
-    input_shape: str = Field("", alias="input-shape")
-    num_classes: int = Field(0, alias="num-classes", ge=0)
-    test_fraction: float = Field(0.2, alias="test-fraction", gt=0, lt=1)
-    #: a column that fixes each row's side: ``test`` / true / 1 = test split, anything else =
-    #: training split; empty: split each client's partition by ``test-fraction``
-    test_column: str = Field("", alias="test-column")
-    max_train_samples: int = Field(0, alias="max-train-samples", ge=0)
-    synthetic_gamma: float = Field(0.5, alias="synthetic-gamma", ge=0)
-    synthetic_beta: float = Field(0.5, alias="synthetic-beta", ge=0)
-    synthetic_dim: int = Field(60, alias="synthetic-dim", ge=1)
-    synthetic_classes: int = Field(10, alias="synthetic-classes", ge=2)
-    linear_n: int = Field(10_000, alias="linear-n", ge=1)
-    linear_dtheta: int = Field(100, alias="linear-dtheta", ge=1)
-    linear_dw: int = Field(50, alias="linear-dw", ge=1)
+    dataset: str = Field(
+        "mnist-5k",
+        description=(
+            "`mnist-5k`, `digits` (scikit-learn 8×8), `synthetic-leaf` (LEAF Synthetic(γ, β), one "
+            "natural client per node), `synthetic-linear` (FFGG's quadratic problem, one generated "
+            "client per node; regression: losses, no accuracy), `hf:<hub id>`, `disk:<path>`, "
+            "`node` (each device's own `.npz` file, node config `data-path`; needs `input-shape`, "
+            "`num-classes`)"
+        ),
+    )
+    partitioner: PartitionerName = Field(
+        "pathological",
+        description=(
+            "`iid`, `dirichlet`, `pathological` (K classes per client), `natural` (by a column), "
+            "`round-robin` (PFLEGO's class dealing)"
+        ),
+    )
+    classes_per_client: int = Field(
+        2,
+        alias="classes-per-client",
+        ge=1,
+        description="K of `pathological` / `round-robin`",
+    )
+    class_assignment: ClassAssignment = Field(
+        "first-deterministic",
+        alias="class-assignment",
+        description=(
+            "how classes are assigned to clients (flwr-datasets' `PathologicalPartitioner`)"
+        ),
+    )
+    dirichlet_alpha: float = Field(
+        0.3,
+        alias="dirichlet-alpha",
+        gt=0,
+        description="concentration of `dirichlet`",
+    )
+    min_partition_size: int = Field(
+        10,
+        alias="min-partition-size",
+        ge=0,
+        description="`dirichlet` resamples until every client has this many samples",
+    )
+    natural_column: str = Field(
+        "client_id",
+        alias="natural-column",
+        description="column of `natural` (e.g. `writer_id` for FEMNIST)",
+    )
+    label_column: str = Field(
+        "label",
+        alias="label-column",
+        description="label column of hub/disk data",
+    )
+    feature_column: str = Field(
+        "",
+        alias="feature-column",
+        description=(
+            "feature column of hub/disk data (empty: first of `image`, `img`, `pixels`, `x`, "
+            "`features`)"
+        ),
+    )
+    input_shape: str = Field(
+        "",
+        alias="input-shape",
+        description=(
+            '`dataset = "node"`: one example\'s shape, e.g. `"1,28,28"` or `"60"` (the server has '
+            "no data to read it from)"
+        ),
+    )
+    num_classes: int = Field(
+        0,
+        alias="num-classes",
+        ge=0,
+        description='`dataset = "node"`, classification: the number of classes (≥ 2)',
+    )
+    test_fraction: float = Field(
+        0.2,
+        alias="test-fraction",
+        gt=0,
+        lt=1,
+        description=(
+            "share of each client's partition held out as its test split, stratified by label "
+            "(regression: at random)"
+        ),
+    )
+    test_column: str = Field(
+        "",
+        alias="test-column",
+        description=(
+            "a column that fixes each row's side (`test`/`true`/`1`: test, else train) instead of "
+            "`test-fraction`; a `DatasetDict` with `train` and `test` splits on disk fixes it the "
+            "same way"
+        ),
+    )
+    max_train_samples: int = Field(
+        0,
+        alias="max-train-samples",
+        ge=0,
+        description="cap on each client's training samples (0: no cap)",
+    )
+    synthetic_gamma: float = Field(
+        0.5,
+        alias="synthetic-gamma",
+        ge=0,
+        description="γ of `synthetic-leaf`",
+    )
+    synthetic_beta: float = Field(
+        0.5,
+        alias="synthetic-beta",
+        ge=0,
+        description="β of `synthetic-leaf`",
+    )
+    synthetic_dim: int = Field(
+        60,
+        alias="synthetic-dim",
+        ge=1,
+        description="input dimension of `synthetic-leaf`",
+    )
+    synthetic_classes: int = Field(
+        10,
+        alias="synthetic-classes",
+        ge=2,
+        description="classes of `synthetic-leaf`",
+    )
+    linear_n: int = Field(
+        10_000,
+        alias="linear-n",
+        ge=1,
+        description=(
+            "`synthetic-linear`: rows per client (`pflower/task/linear.py` has θ* and F(θ) in "
+            "closed form)"
+        ),
+    )
+    linear_dtheta: int = Field(
+        100,
+        alias="linear-dtheta",
+        ge=1,
+        description="`synthetic-linear`: dim θ",
+    )
+    linear_dw: int = Field(50, alias="linear-dw", ge=1, description="`synthetic-linear`: dim w")
 
     # --- federation ------------------------------------------------------------------------
-    num_server_rounds: int = Field(20, alias="num-server-rounds", ge=1)
-    fraction_train: float = Field(0.5, alias="fraction-train", gt=0, le=1)
-    fraction_evaluate: float = Field(1.0, alias="fraction-evaluate", gt=0, le=1)
-    evaluate_every: int = Field(5, alias="evaluate-every", ge=1)
-    #: share of the clients the final round evaluates; 0 (auto): all of them up to 100
-    #: clients, else a seeded uniform sample of max(100, 10%)
-    final_evaluate_fraction: float = Field(0.0, alias="final-evaluate-fraction", ge=0, le=1)
-    #: at most this many messages outstanding at once; 0 (auto): 16 on Flower's simulation
-    #: engine (its dispatcher costs nodes x outstanding messages per 0.1 s tick), else no limit
-    max_in_flight: int = Field(0, alias="max-in-flight", ge=0)
-    #: seconds to wait for a round's replies; 0: as long as the work needs (600 s for the
-    #: first round, then 10 x the slowest complete round so far, at least 120 s)
-    round_timeout: float = Field(0.0, alias="round-timeout", ge=0)
-    holdout_fraction: float = Field(0.0, alias="holdout-fraction", ge=0, lt=1)
+    num_server_rounds: int = Field(
+        20,
+        alias="num-server-rounds",
+        ge=1,
+        description="rounds of the algorithm (after any pre-training)",
+    )
+    fraction_train: float = Field(
+        0.5,
+        alias="fraction-train",
+        gt=0,
+        le=1,
+        description="fraction of clients sampled (uniformly, without replacement) each round",
+    )
+    fraction_evaluate: float = Field(
+        1.0,
+        alias="fraction-evaluate",
+        gt=0,
+        le=1,
+        description="fraction of clients evaluated in intermediate evaluations",
+    )
+    evaluate_every: int = Field(
+        5,
+        alias="evaluate-every",
+        ge=1,
+        description="evaluate every this many rounds, and in the final round",
+    )
+    final_evaluate_fraction: float = Field(
+        0.0,
+        alias="final-evaluate-fraction",
+        ge=0,
+        le=1,
+        description=(
+            "share of the clients the final round evaluates; `0` (auto): every client up to 100 "
+            "clients, else a seeded uniform sample of max(100, 10%) (the per-client statistics are "
+            "then over that sample)"
+        ),
+    )
+    max_in_flight: int = Field(
+        0,
+        alias="max-in-flight",
+        ge=0,
+        description=(
+            "at most this many messages outstanding at once; `0` (auto): 16 on Flower's simulation "
+            "engine (its dispatcher costs nodes × outstanding messages every 0.1 s), no limit in "
+            "deployment"
+        ),
+    )
+    round_timeout: float = Field(
+        0.0,
+        alias="round-timeout",
+        ge=0,
+        description=(
+            "seconds to wait for the replies of a round; `0`: as long as the work needs — 600 s "
+            "for the first round (start-up, data loading), then 10 × the slowest complete round so "
+            "far, at least 120 s (a dead node costs about ten normal rounds, not an hour)"
+        ),
+    )
+    holdout_fraction: float = Field(
+        0.0,
+        alias="holdout-fraction",
+        ge=0,
+        lt=1,
+        description=(
+            "share of the clients (highest partition ids) never trained: evaluated at the end as "
+            "new clients (e.g. APFL's eq. 17)"
+        ),
+    )
 
     # --- local optimisation ----------------------------------------------------------------
-    local_epochs: int = Field(1, alias="local-epochs", ge=1)
-    local_steps: int = Field(0, alias="local-steps", ge=0)
-    lr: float = Field(0.05, gt=0)
-    momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, alias="weight-decay", ge=0)
-    max_grad_norm: float = Field(0.0, alias="max-grad-norm", ge=0)
-    batch_size: int = Field(32, alias="batch-size", ge=1)
-    eval_batch_size: int = Field(512, alias="eval-batch-size", ge=1)
-    finetune_epochs: int = Field(5, alias="finetune-epochs", ge=0)
-    finetune_lr: float = Field(0.0, alias="finetune-lr", ge=0)
+    local_epochs: int = Field(1, alias="local-epochs", ge=1, description="local epochs per round")
+    local_steps: int = Field(
+        0,
+        alias="local-steps",
+        ge=0,
+        description=(
+            "local minibatch steps per round instead of epochs (0: use epochs; PFLEGO: τ = 50; "
+            "L2GD: 10)"
+        ),
+    )
+    lr: float = Field(0.05, gt=0, description="client learning rate")
+    momentum: float = Field(0.0, ge=0, lt=1, description="client SGD momentum")
+    weight_decay: float = Field(
+        0.0,
+        alias="weight-decay",
+        ge=0,
+        description="client SGD weight decay (only touches the parameters being trained)",
+    )
+    max_grad_norm: float = Field(
+        0.0,
+        alias="max-grad-norm",
+        ge=0,
+        description="clip the gradient norm of the trained parameters (0: off)",
+    )
+    batch_size: int = Field(32, alias="batch-size", ge=1, description="training minibatch size")
+    eval_batch_size: int = Field(
+        512,
+        alias="eval-batch-size",
+        ge=1,
+        description="evaluation minibatch size",
+    )
+    finetune_epochs: int = Field(
+        5,
+        alias="finetune-epochs",
+        ge=0,
+        description="personal-only fine-tuning epochs before evaluating the personalized model",
+    )
+    finetune_lr: float = Field(
+        0.0,
+        alias="finetune-lr",
+        ge=0,
+        description="learning rate of that fine-tuning (0: `lr`)",
+    )
 
     # --- server optimizer and client-lr schedule (all algorithms that aggregate) ----------
-    server_optimizer: ServerOptimizerName = Field("auto", alias="server-optimizer")
-    #: 0: the algorithm's default (PFLEGO: 0.003 with Adam), else 1.0 (SGD with 1.0 = FedAvg)
-    server_lr: float = Field(0.0, alias="server-lr", ge=0)
-    server_beta1: float = Field(0.9, alias="server-beta1", ge=0, lt=1)
-    server_beta2: float = Field(0.999, alias="server-beta2", ge=0, lt=1)
-    server_eps: float = Field(1e-8, alias="server-eps", gt=0)
-    lr_schedule: LRSchedule = Field("constant", alias="lr-schedule")
-    lr_warmup_fraction: float = Field(0.1, alias="lr-warmup-fraction", ge=0, lt=1)
-    lr_halve_every: int = Field(500, alias="lr-halve-every", ge=1)
+    server_optimizer: ServerOptimizerName = Field(
+        "auto",
+        alias="server-optimizer",
+        description=(
+            "`sgd` or `adam` on the pseudo-gradient (all aggregating algorithms); `auto`: `adam` "
+            "for `pflego` (its experiments), `sgd` otherwise"
+        ),
+    )
+    server_lr: float = Field(
+        0.0,
+        alias="server-lr",
+        ge=0,
+        description=(
+            "server learning rate (`sgd` with 1.0 is FedAvg; FFGG's γθ); 0: the algorithm's "
+            "default, 0.003 for PFLEGO (Adam's ρ), 0.2 for `async-ffgg` (one client's gradient per "
+            "step: 1/C of the synchronous step at the default C = 5), 1.0 otherwise"
+        ),
+    )
+    server_beta1: float = Field(0.9, alias="server-beta1", ge=0, lt=1, description="Adam's β1")
+    server_beta2: float = Field(0.999, alias="server-beta2", ge=0, lt=1, description="Adam's β2")
+    server_eps: float = Field(1e-8, alias="server-eps", gt=0, description="Adam's ε")
+    lr_schedule: LRSchedule = Field(
+        "constant",
+        alias="lr-schedule",
+        description=(
+            "client lr across rounds: `constant`, `linear` (warm-up, then linear decay to 0), "
+            "`exponential` (halving); `personal-lr` follows the same factor"
+        ),
+    )
+    lr_warmup_fraction: float = Field(
+        0.1,
+        alias="lr-warmup-fraction",
+        ge=0,
+        lt=1,
+        description="`linear`: warm-up share of the rounds",
+    )
+    lr_halve_every: int = Field(
+        500,
+        alias="lr-halve-every",
+        ge=1,
+        description="`exponential`: rounds between halvings",
+    )
 
     # --- personalization: FedAlt / FedSim and the 3-step pipeline -----------------------------
-    personal_lr: float = Field(0.0, alias="personal-lr", ge=0)
-    personal_epochs: int = Field(1, alias="personal-epochs", ge=0)
-    personal_steps: int = Field(0, alias="personal-steps", ge=0)
-    pretrain_rounds: int = Field(0, alias="pretrain-rounds", ge=0)
-    pretrain_lr: float = Field(0.0, alias="pretrain-lr", ge=0)
+    personal_lr: float = Field(
+        0.0,
+        alias="personal-lr",
+        ge=0,
+        description="FedAlt/FedSim step size of the personal part (0: `lr`)",
+    )
+    personal_epochs: int = Field(
+        1,
+        alias="personal-epochs",
+        ge=0,
+        description="FedAlt's personal phase τ_v in epochs (FFGG's `sgd` fine-tuner too)",
+    )
+    personal_steps: int = Field(
+        0,
+        alias="personal-steps",
+        ge=0,
+        description=(
+            "FedAlt's personal phase τ_v in steps instead of epochs when > 0 (FFGG's `gd` / `cg` "
+            "iterations)"
+        ),
+    )
+    pretrain_rounds: int = Field(
+        0,
+        alias="pretrain-rounds",
+        ge=0,
+        description="FedAvg rounds on the whole model before the algorithm",
+    )
+    pretrain_lr: float = Field(
+        0.0,
+        alias="pretrain-lr",
+        ge=0,
+        description="client lr of those rounds (0: `lr`)",
+    )
 
     # --- Byzantine robustness (every strategy that aggregates updates) -------------------
-    #: ``auto``: the algorithm's default (BR-FFGG: ``median``), else ``none``
-    robust_aggregator: RobustAggregator = Field("auto", alias="robust-aggregator")
-    robust_byzantine: int = Field(0, alias="robust-byzantine", ge=0)
-    robust_bucket_size: int = Field(0, alias="robust-bucket-size", ge=0)
-    robust_trim_beta: float = Field(0.1, alias="robust-trim-beta", ge=0, lt=0.5)
-    robust_krum_m: int = Field(3, alias="robust-krum-m", ge=1)
-    robust_clip_radius: float = Field(1.0, alias="robust-clip-radius", gt=0)
-    robust_clip_iterations: int = Field(3, alias="robust-clip-iterations", ge=1)
-    #: drop a training reply whose update norm exceeds this many times the largest round
-    #: median of update norms so far in the run (rounds of 3 replies or more); 0: off
-    max_update_norm: float = Field(1000.0, alias="max-update-norm", ge=0)
-    #: drop a reply claiming more training examples than this; 0: more than 100 x the round's
-    #: median claim (a node's claim must in any case stay what it first reported)
-    max_num_examples: int = Field(0, alias="max-num-examples", ge=0)
+    robust_aggregator: RobustAggregator = Field(
+        "auto",
+        alias="robust-aggregator",
+        description=(
+            "robust rule over the clients' updates (gradients, deltas, or current − returned "
+            "weights) for every aggregating strategy (`pflower/strategies/aggregators.py`); "
+            "`auto`: `median` for `br-ffgg`, `none` otherwise"
+        ),
+    )
+    robust_byzantine: int = Field(
+        0,
+        alias="robust-byzantine",
+        ge=0,
+        description=(
+            "Byzantine clients per round to tolerate; refused at the first round if the rule's "
+            "breakdown point is lower"
+        ),
+    )
+    robust_bucket_size: int = Field(
+        0,
+        alias="robust-bucket-size",
+        ge=0,
+        description=(
+            "> 1: bucketing (random buckets of this size, averaged) before the rule; 0: `br-ffgg` "
+            "uses 2 (its agnostic default, 1 disables), the others none"
+        ),
+    )
+    robust_trim_beta: float = Field(
+        0.1,
+        alias="robust-trim-beta",
+        ge=0,
+        lt=0.5,
+        description="trimmed-mean share trimmed per side",
+    )
+    robust_krum_m: int = Field(3, alias="robust-krum-m", ge=1, description="Multi-Krum's m")
+    robust_clip_radius: float = Field(
+        1.0,
+        alias="robust-clip-radius",
+        gt=0,
+        description="centered clipping's radius",
+    )
+    robust_clip_iterations: int = Field(
+        3,
+        alias="robust-clip-iterations",
+        ge=1,
+        description="centered clipping's iterations",
+    )
+    max_update_norm: float = Field(
+        1000.0,
+        alias="max-update-norm",
+        ge=0,
+        description=(
+            "drop a training reply whose update norm exceeds this many times the largest round "
+            "median of update norms so far in the run (rounds of 3 or more replies; a minority "
+            "cannot raise it; any algorithm, robust rule or not; honest PFLEGO gradients reached "
+            "103×); `0` turns it off"
+        ),
+    )
+    max_num_examples: int = Field(
+        0,
+        alias="max-num-examples",
+        ge=0,
+        description=(
+            "drop a reply claiming more training examples than this (`0`: more than 100 × the "
+            "round's median claim, rounds of 3 or more replies); a node's claim must in any case "
+            "equal what it reported first"
+        ),
+    )
     # --- straggler simulation (any algorithm; the ClientApp sleeps after training) -----------
-    #: seconds every client adds to each training reply (0: none); node config delay-s overrides
-    straggler_delay_s: float = Field(0.0, alias="straggler-delay-s", ge=0)
-    #: this share of the clients (drawn by seed) is straggler-factor times slower
-    straggler_fraction: float = Field(0.0, alias="straggler-fraction", ge=0, le=1)
-    straggler_factor: float = Field(10.0, alias="straggler-factor", ge=1)
-    #: robustness experiments only: the server simulates the omniscient ALIE / IPM adversary
-    #: for nodes whose node config says byzantine = 'alie' / 'ipm' (pflower/experiments/attacks.py)
-    attack_simulation: bool = Field(False, alias="attack-simulation")
+    straggler_delay_s: float = Field(
+        0.0,
+        alias="straggler-delay-s",
+        ge=0,
+        description=(
+            "compute-time model for wall-clock experiments: every training reply waits this many "
+            "seconds (node config `delay-s` overrides)"
+        ),
+    )
+    straggler_fraction: float = Field(
+        0.0,
+        alias="straggler-fraction",
+        ge=0,
+        le=1,
+        description=(
+            "the share of the clients, drawn by `seed`, that wait `straggler-factor` times longer"
+        ),
+    )
+    straggler_factor: float = Field(
+        10.0,
+        alias="straggler-factor",
+        ge=1,
+        description="how many times longer the stragglers wait",
+    )
+    attack_simulation: bool = Field(
+        False,
+        alias="attack-simulation",
+        description=(
+            "robustness experiments only: the server replaces the replies of nodes with `byzantine "
+            "= 'alie'`/`'ipm'` by the omniscient adversary's vector "
+            "(`pflower/experiments/attacks.py`; Running experiments: Byzantine clients)"
+        ),
+    )
 
     # --- run -------------------------------------------------------------------------------
-    seed: int = Field(0, ge=0)
-    device: DeviceName = "auto"
-    outputs_dir: str = Field("outputs", alias="outputs-dir")
-    #: ``compact``: one line per round and pflower's table last (Flower's per-round metric
-    #: dicts and final dump left out; results.json has them); ``flower``: Flower's output too
-    console: Console = "compact"
-    #: ``tensorboard``: event files in the run's output directory (``tensorboard/``, extra
-    #: ``tracking``); nothing is sent anywhere
-    tracking: Tracking = "none"
-    #: a checkpoint (``pflower/checkpoint.py``) every this many rounds into
-    #: outputs/<run>/checkpoints/; 0 (auto): every round in deployment, none in simulation;
-    #: -1: none
-    checkpoint_every: int = Field(0, alias="checkpoint-every", ge=-1)
-    #: how many of the newest checkpoints are kept
-    checkpoint_keep: int = Field(3, alias="checkpoint-keep", ge=1)
-    #: a checkpoint (or a run directory: its newest) continues that run after its round; a
-    #: file of shared parameters (final-shared.pt) is a warm start instead of the seeded init
-    resume_from: str = Field("", alias="resume-from")
-    #: the federation / experiment the clients' personal state belongs to: state is loaded only
-    #: by runs of the same experiment name, algorithm, model, data set and personal part
-    experiment_name: str = Field("default", alias="experiment-name", min_length=1)
-    #: ``experiment``: personal state carries across runs of the same scope (a deployment's
-    #: next run continues the devices' layers); ``run``: every run starts fresh (a resumed run
-    #: continues its own)
-    personal_state: PersonalState = Field("experiment", alias="personal-state")
+    seed: int = Field(
+        0,
+        ge=0,
+        description="seeds partitions, model init, client sampling and local training",
+    )
+    device: DeviceName = Field("auto", description="`auto` (GPU if present), `cpu`, `cuda`")
+    outputs_dir: str = Field(
+        "outputs",
+        alias="outputs-dir",
+        description="where results go (relative to the SuperLink's working directory)",
+    )
+    console: Console = Field(
+        "compact",
+        description=(
+            "`compact`: one aligned line per round (seconds, training loss, personalized / global "
+            "accuracy, clients, dropped, bytes down / up) and pflower's table last, Flower's "
+            "per-round metric dicts and final dump left out (`results.json` has every number); "
+            "`flower`: Flower's output as well"
+        ),
+    )
+    tracking: Tracking = Field(
+        "none",
+        description=(
+            "`tensorboard`: every round's numbers as TensorBoard scalars in `<run>/tensorboard/` "
+            "(`torch.utils.tensorboard`, extra `tracking`; `tensorboard --logdir outputs`); "
+            "nothing is sent over the network"
+        ),
+    )
+    checkpoint_every: int = Field(
+        0,
+        alias="checkpoint-every",
+        ge=-1,
+        description=(
+            "a checkpoint (shared parameters, server-optimizer state, round, sampler state, "
+            "history) every this many rounds into `outputs/<run>/checkpoints/round-<r>.pt`; `0` "
+            "(auto): every round in deployment, none in simulation; `-1`: none (`final-shared.pt` "
+            "is always written)"
+        ),
+    )
+    checkpoint_keep: int = Field(
+        3,
+        alias="checkpoint-keep",
+        ge=1,
+        description="how many of the newest checkpoints are kept",
+    )
+    resume_from: str = Field(
+        "",
+        alias="resume-from",
+        description=(
+            "a checkpoint, or a run directory (its newest checkpoint): the run continues after "
+            "that round, with the same settings; a file of shared parameters (`final-shared.pt`): "
+            "a warm start instead of the seeded init"
+        ),
+    )
+    experiment_name: str = Field(
+        "default",
+        alias="experiment-name",
+        min_length=1,
+        description=(
+            "the experiment (federation) the clients' personal state belongs to: a client loads "
+            "only state written under the same name, algorithm, model, data set, partition and "
+            "personal part (names, shapes, dtypes); anything else starts fresh with one warning "
+            "line"
+        ),
+    )
+    personal_state: PersonalState = Field(
+        "experiment",
+        alias="personal-state",
+        description=(
+            "`experiment`: personal state carries across runs of the same experiment (a "
+            "deployment's next run continues the devices' layers); `run`: every run starts fresh "
+            "(a resumed run continues its own)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_run(self) -> RunSettings:
@@ -507,7 +937,9 @@ def _describe(cls: type[BaseModel], err: ValidationError) -> str:
         name = str(e["loc"][0])
         key = name.replace("_", "-")
         if e["type"] == "extra_forbidden":
-            lines.append(f"key {key!r} = {e['input']!r}: unknown key; README.md lists the keys")
+            lines.append(
+                f"key {key!r} = {e['input']!r}: unknown key; see docs/reference/run-config.md"
+            )
         elif e["type"] == "literal_error" and name.replace("-", "_") in cls.model_fields:
             names = get_args(cls.model_fields[name.replace("-", "_")].annotation)
             lines.append(f"key {key!r} = {e['input']!r}: must be {_choices(e['input'], names)}")

@@ -66,19 +66,45 @@ V_KEY, ALPHA_KEY = "apfl-v", "apfl-alpha"
 class APFLSettings(Settings):
     """APFL's own keys."""
 
-    #: the initial (or fixed) alpha. The paper's synthetic runs start at 0.01; from there the
-    #: adaptive alpha collapses to 0 for many clients on pathological splits (v then stops
-    #: moving: its step carries the factor alpha) and APFL personalizes nothing, so 0.5
-    apfl_alpha: float = Field(0.5, alias="apfl-alpha", ge=0, le=1)
-    #: learn alpha by gradient steps (the paper's adaptive APFL); false: keep it fixed
-    apfl_adaptive: bool = Field(True, alias="apfl-adaptive")
-    #: mix ``parameters`` (v_bar = alpha v + (1 - alpha) w, the paper) or model ``outputs``
-    #: (mixed logits, the authors' code)
-    apfl_mixing: Literal["parameters", "outputs"] = Field("parameters", alias="apfl-mixing")
-    #: eta_t = lr * decay^t over the global step t = (round - 1) * tau + k
-    apfl_lr_decay: float = Field(0.99, alias="apfl-lr-decay", gt=0, le=1)
-    #: the server mean of the w_i: ``uniform`` (the paper's) or by ``num-examples``
-    apfl_weighting: Weighting = Field("uniform", alias="apfl-weighting")
+    apfl_alpha: float = Field(
+        0.5,
+        alias="apfl-alpha",
+        ge=0,
+        le=1,
+        description=(
+            "APFL's initial (or fixed) α. The paper's synthetic runs start at 0.01; from there the "
+            "adaptive α collapses to 0 for many clients on pathological splits (v then stops "
+            "moving: its step carries the factor α) and APFL personalizes nothing, hence 0.5 "
+            "(Benchmarks: APFL)"
+        ),
+    )
+    apfl_adaptive: bool = Field(
+        True,
+        alias="apfl-adaptive",
+        description=(
+            "learn APFL's α by gradient steps (the paper's adaptive APFL); `false`: keep it fixed"
+        ),
+    )
+    apfl_mixing: Literal["parameters", "outputs"] = Field(
+        "parameters",
+        alias="apfl-mixing",
+        description=(
+            "APFL's v̄: `parameters` (α v + (1−α) w, the paper) or `outputs` (mixed logits, the "
+            "authors' code)"
+        ),
+    )
+    apfl_lr_decay: float = Field(
+        0.99,
+        alias="apfl-lr-decay",
+        gt=0,
+        le=1,
+        description="η_t = `lr` · decay^t over the global step t = (round − 1)·τ + k",
+    )
+    apfl_weighting: Weighting = Field(
+        "uniform",
+        alias="apfl-weighting",
+        description="APFL server mean of the w_i: `uniform` (the paper) or `num-examples`",
+    )
 
 
 class APFL(PersonalizedStrategy):

@@ -62,20 +62,50 @@ ASYNC_FFGG_DEFAULTS = {"server_lr": 0.2}
 class AsyncFFGGSettings(Settings):
     """Asynchronous FFGG's own keys (FFGG's keys apply too: ``FFGGSettings``)."""
 
-    #: clients computing at any time; 0: round(fraction-train x trainable nodes)
-    async_concurrency: int = Field(0, alias="async-concurrency", ge=0)
-    #: server updates to apply; 0: num-server-rounds x concurrency
-    async_updates: int = Field(0, alias="async-updates", ge=0)
-    #: drop updates computed on a theta more than this many versions old; -1: keep all
-    async_max_staleness: int = Field(-1, alias="async-max-staleness", ge=-1)
-    #: a in the step gamma / (1 + staleness)^a; 0: the paper's constant step
-    async_staleness_power: float = Field(0.0, alias="async-staleness-power", ge=0)
-    #: stop after this many seconds of training; 0: no limit
-    async_time_budget_s: float = Field(0.0, alias="async-time-budget-s", ge=0)
-    #: evaluate every this many updates; 0: evaluate-every x concurrency
-    async_evaluate_every: int = Field(0, alias="async-evaluate-every", ge=0)
-    #: a message unanswered this long frees its slot for another client
-    async_client_timeout_s: float = Field(600.0, alias="async-client-timeout-s", gt=0)
+    async_concurrency: int = Field(
+        0,
+        alias="async-concurrency",
+        ge=0,
+        description="AsyncFFGG's C, clients computing at once (0: `fraction-train` × N)",
+    )
+    async_updates: int = Field(
+        0,
+        alias="async-updates",
+        ge=0,
+        description="server updates to apply (0: `num-server-rounds` × C)",
+    )
+    async_max_staleness: int = Field(
+        -1,
+        alias="async-max-staleness",
+        ge=-1,
+        description="drop updates computed on a θ more than this many versions old (-1: keep all)",
+    )
+    async_staleness_power: float = Field(
+        0.0,
+        alias="async-staleness-power",
+        ge=0,
+        description=(
+            "a in the step γθ/(1+s)^a of an update of staleness s; 0: the paper's constant step"
+        ),
+    )
+    async_time_budget_s: float = Field(
+        0.0,
+        alias="async-time-budget-s",
+        ge=0,
+        description="stop after this many seconds of training (0: no limit)",
+    )
+    async_evaluate_every: int = Field(
+        0,
+        alias="async-evaluate-every",
+        ge=0,
+        description="evaluate every that many updates (0: `evaluate-every` × C)",
+    )
+    async_client_timeout_s: float = Field(
+        600.0,
+        alias="async-client-timeout-s",
+        gt=0,
+        description="a message unanswered this many seconds frees its slot for another client",
+    )
 
     @classmethod
     def check(cls, cfg: Config) -> None:

@@ -55,11 +55,22 @@ class FedAltSettings(Settings):
     """FedAlt / FedSim's own keys (``personal-*``, ``pretrain-*`` and ``finetune-*`` are
     run-level: other algorithms read them too)."""
 
-    #: server mean: ``num-examples`` (alpha_i ~ N_i, the paper's objective) or ``uniform``
-    #: (every sampled client counts the same)
-    fedalt_weighting: Weighting = Field("num-examples", alias="fedalt-weighting")
-    #: keep v_i between rounds (the paper); false: reset it to the init every round
-    stateful: bool = True
+    fedalt_weighting: Weighting = Field(
+        "num-examples",
+        alias="fedalt-weighting",
+        description=(
+            "FedAlt/FedSim server mean: `num-examples` (u = Σ N_i u_i / Σ N_i, the paper's "
+            "objective Σ_i α_i F_i with α_i ∝ N_i) or `uniform` (plain mean over the sampled "
+            "clients)"
+        ),
+    )
+    stateful: bool = Field(
+        True,
+        description=(
+            "FedAlt/FedSim clients keep v between rounds (the paper); `false`: reset it to the "
+            "init every round"
+        ),
+    )
 
     @classmethod
     def check(cls, cfg: Config) -> None:

@@ -66,14 +66,31 @@ class FFGGSettings(Settings):
     """FFGG's own keys (FFGG, Local FFGG, BR-FFGG and asynchronous FFGG): Alg. 2's start
     and solver, and the server mean's weights."""
 
-    #: where Alg. 2 starts w: ``random`` (seeded per client and round), ``zeros`` (the
-    #: theory's), ``received`` (the server's pre-trained slice or the shared init), ``stored``
-    ffgg_init: Literal["random", "zeros", "received", "stored"] = Field("random", alias="ffgg-init")
-    #: ``sgd``: minibatch steps; ``gd``: full-batch steps; ``cg``: conjugate gradient (both
-    #: ``personal-steps`` iterations)
-    ffgg_solver: Literal["sgd", "gd", "cg"] = Field("sgd", alias="ffgg-solver")
-    #: ``uniform``: the paper's mean over the sampled clients; ``num-examples``: by data size
-    ffgg_weighting: Weighting = Field("uniform", alias="ffgg-weighting")
+    ffgg_init: Literal["random", "zeros", "received", "stored"] = Field(
+        "random",
+        alias="ffgg-init",
+        description=(
+            "FFGG's w at the start of each round: `random` (each layer's default init, seeded per "
+            "client and round), `zeros` (the theory's choice), `received` (the pre-trained slice "
+            "or the shared seeded init), `stored` (the client's previous w)"
+        ),
+    )
+    ffgg_solver: Literal["sgd", "gd", "cg"] = Field(
+        "sgd",
+        alias="ffgg-solver",
+        description=(
+            "FFGG's fine-tuner: `sgd` (minibatch steps), `gd` (full-batch steps), `cg` (conjugate "
+            "gradient); the last two run `personal-steps` iterations and need it > 0"
+        ),
+    )
+    ffgg_weighting: Weighting = Field(
+        "uniform",
+        alias="ffgg-weighting",
+        description=(
+            "FFGG / Local FFGG server mean: `uniform` (Alg. 1's unweighted mean) or `num-examples` "
+            "(Algorithms: which objective each weighting optimizes)"
+        ),
+    )
 
     @classmethod
     def check(cls, cfg: Config) -> None:

@@ -56,10 +56,19 @@ L2GD_DEFAULTS = {"local_steps": 10}
 class L2GDSettings(Settings):
     """L2GD's own keys (``lr`` is its alpha, ``local-steps`` sets p = 1/local-steps)."""
 
-    #: lambda, the weight of the distance to the mean
-    l2gd_lambda: float = Field(0.1, alias="l2gd-lambda", ge=0)
-    #: probability of an averaging step; 0: 1/local-steps
-    l2gd_p: float = Field(0.0, alias="l2gd-p", ge=0, lt=1)
+    l2gd_lambda: float = Field(
+        0.1,
+        alias="l2gd-lambda",
+        ge=0,
+        description="L2GD's λ, the weight of the distance to the mean (in the loss's own scale)",
+    )
+    l2gd_p: float = Field(
+        0.0,
+        alias="l2gd-p",
+        ge=0,
+        lt=1,
+        description="L2GD's probability of an averaging step (0: 1/`local-steps`)",
+    )
 
     @property
     def effective_l2gd_p(self) -> float:

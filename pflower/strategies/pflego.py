@@ -68,7 +68,7 @@ AlphaMode = Literal["global", "sampled"]
 ALPHA_MODES = get_args(AlphaMode)
 
 #: PFLEGO's values for run-config keys left at ``auto`` (``config.AUTO``): the paper's tau
-#: = 50 head-and-body steps per round and Adam's rho = 0.003 (benchmarks/README.md; with
+#: = 50 head-and-body steps per round and Adam's rho = 0.003 (docs/benchmarks/pflego-apfl.md; with
 #: the generic server lr 1.0 Adam diverges, with tau = 1 the head never fits)
 PFLEGO_DEFAULTS = {"local_steps": 50, "server_lr": 0.003, "server_optimizer": "adam"}
 
@@ -76,13 +76,27 @@ PFLEGO_DEFAULTS = {"local_steps": 50, "server_lr": 0.003, "server_optimizer": "a
 class PFLEGOSettings(Settings):
     """PFLEGO's own keys (``local-steps`` is its tau, ``server-lr`` its rho)."""
 
-    #: theta's step weights: ``global`` (alpha_i = N_i / N over all clients, eq. 5) or
-    #: ``sampled`` (over the round's clients)
-    pflego_alpha: AlphaMode = Field("global", alias="pflego-alpha")
-    #: scale each head's step by its alpha_i too (eq. 5 read literally)
-    pflego_head_alpha: bool = Field(False, alias="pflego-head-alpha")
-    #: the head over the client's own K_i classes (absent classes get no probability)
-    pflego_local_labels: bool = Field(False, alias="pflego-local-labels")
+    pflego_alpha: AlphaMode = Field(
+        "global",
+        alias="pflego-alpha",
+        description=(
+            "PFLEGO's α_i: `global` (N_i/Σ_j N_j over all clients, learnt at start-up, with I/r_t) "
+            "or `sampled` (normalised over the round's replies)"
+        ),
+    )
+    pflego_head_alpha: bool = Field(
+        False,
+        alias="pflego-head-alpha",
+        description="scale each PFLEGO head's step by its α_i too (eq. 5 read literally)",
+    )
+    pflego_local_labels: bool = Field(
+        False,
+        alias="pflego-local-labels",
+        description=(
+            "PFLEGO head over the client's own K_i classes (labels re-indexed locally; absent "
+            "classes get no probability) instead of all C"
+        ),
+    )
 
 
 ABSENT_LOGIT = -1e4  # exp underflows to exactly 0 (float32 and float64)

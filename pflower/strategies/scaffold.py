@@ -48,10 +48,13 @@ if TYPE_CHECKING:
 class ScaffoldSettings(Settings):
     """Scaffold's own key."""
 
-    #: the control variate update: ``local-steps`` (option II, from the local steps) or
-    #: ``full-gradient`` (option I, a full local gradient at the received x)
     scaffold_control: Literal["local-steps", "full-gradient"] = Field(
-        "local-steps", alias="scaffold-control"
+        "local-steps",
+        alias="scaffold-control",
+        description=(
+            "Scaffold's control-variate update of c_i: `local-steps` (option II, from the local "
+            "steps) or `full-gradient` (option I, a full local gradient at the received x)"
+        ),
     )
 
 
