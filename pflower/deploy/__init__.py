@@ -9,7 +9,7 @@ gateway, and a federation on loopback started and stopped by process id.
     python -m pflower.deploy up --dir deploy --supernodes 2     # all of it, on loopback
     python -m pflower.deploy down --dir deploy
 
-Security model (README "Who can do what"): the SuperLink listens on loopback only, since
+Security model (docs/deploy.md, "Who can do what"): the SuperLink listens on loopback only, since
 Flower 1.41 serves its Control API (register SuperNode keys, submit runs, whose code then runs
 on every device), Runtime API and Fleet API on one port without account authentication
 (Flower Enterprise's OIDC aside). Devices reach the Fleet API through the gateway, which

@@ -15,7 +15,7 @@ The file::
     out = "outputs/experiments/mnist-5c"   # default: outputs/experiments/<name>
     baseline = "FedAvg"          # optional: a run whose global model "hurt" is counted against
 
-    [base]                       # run-config keys of every run (README's key table)
+    [base]                       # run-config keys of every run (docs/reference/run-config.md)
     dataset = "mnist-5k"
     num-server-rounds = 40
 
