@@ -145,6 +145,7 @@ class PersonalizedNumPyClient(NumPyClient):
             store=self.store,
             device=self.device,
             init_personal={k: v.clone() for k, v in self.init_personal.items()},
+            handshake_settings=False,  # the algorithm is checked; model and data are the user's
         )
         records = {
             ARRAYS: ArrayRecord({k: Array(np.asarray(p)) for k, p in zip(names, parameters)})

@@ -583,20 +583,35 @@ class RunSettings(Settings):
         alias="max-update-norm",
         ge=0,
         description=(
-            "drop a training reply whose update norm exceeds this many times the largest round "
-            "median of update norms so far in the run (rounds of 3 or more replies; a minority "
-            "cannot raise it; any algorithm, robust rule or not; honest PFLEGO gradients reached "
-            "103×); `0` turns it off"
+            "drop a training reply whose update norm exceeds this many times the reference, at "
+            "every round size: the reference starts at the shared parameters' norm / this factor "
+            "and follows the rounds' lower median of update norms, by at most `update-norm-growth` "
+            "per round (`pflower/strategies/checks.py`); `0`: off"
         ),
+    )
+    update_norm_growth: float = Field(
+        2.0,
+        alias="update-norm-growth",
+        ge=1,
+        description="the update-norm reference grows by at most this factor per round",
     )
     max_num_examples: int = Field(
         0,
         alias="max-num-examples",
         ge=0,
         description=(
-            "drop a reply claiming more training examples than this (`0`: more than 100 × the "
-            "round's median claim, rounds of 3 or more replies); a node's claim must in any case "
-            "equal what it reported first"
+            "drop a reply claiming more training examples than this; `0`: more than 100 × the "
+            "lower median of the claims known (a node's claim must in any case stay what it first "
+            "reported)"
+        ),
+    )
+    max_failed_rounds: int = Field(
+        3,
+        alias="max-failed-rounds",
+        ge=0,
+        description=(
+            "stop the run (non-zero exit, with the drop reasons) after this many consecutive "
+            "training rounds that applied no reply; `0`: never"
         ),
     )
     # --- straggler simulation (any algorithm; the ClientApp sleeps after training) -----------
@@ -729,8 +744,8 @@ class RunSettings(Settings):
             )
         if 0 < self.max_update_norm < 1:
             raise ConfigError(
-                f"key 'max-update-norm' = {self.max_update_norm}: a multiple of the largest round "
-                "median update norm, must be 0 (off) or >= 1 (the median itself is honest)"
+                f"key 'max-update-norm' = {self.max_update_norm}: a multiple of the reference "
+                "(a round's lower median update norm), must be 0 (off) or >= 1"
             )
         if self.personal_epochs == 0 and self.personal_steps == 0:
             raise ConfigError(

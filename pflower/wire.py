@@ -10,6 +10,8 @@ any records its algorithm adds, and one ``metrics`` record with ``num-examples``
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from io import BytesIO
@@ -41,6 +43,98 @@ PERSONAL_RESET = "personal-reset"
 class ConfigMismatch(ValueError):
     """A message from a server whose algorithm or client settings differ from this client's
     (its text starts with ``CONFIG_MISMATCH``, which the server counts by)."""
+
+
+#: run-config keys only the server reads (or that reach the client in each message, like the
+#: scheduled ``lr``): left out of the handshake's fingerprint, so a resumed run may change them
+SERVER_ONLY_KEYS = frozenset(
+    [
+        "num-server-rounds",
+        "pretrain-rounds",
+        "fraction-train",
+        "fraction-evaluate",
+        "evaluate-every",
+        "final-evaluate-fraction",
+        "max-in-flight",
+        "round-timeout",
+        "holdout-fraction",
+        "lr",
+        "lr-schedule",
+        "lr-warmup-fraction",
+        "lr-halve-every",
+        "pretrain-lr",
+        "server-optimizer",
+        "server-lr",
+        "server-beta1",
+        "server-beta2",
+        "server-eps",
+        "robust-aggregator",
+        "robust-byzantine",
+        "robust-bucket-size",
+        "robust-trim-beta",
+        "robust-krum-m",
+        "robust-clip-radius",
+        "robust-clip-iterations",
+        "max-update-norm",
+        "update-norm-growth",
+        "max-num-examples",
+        "max-failed-rounds",
+        "async-concurrency",
+        "async-updates",
+        "async-max-staleness",
+        "async-staleness-power",
+        "async-time-budget-s",
+        "async-evaluate-every",
+        "async-client-timeout-s",
+        "attack-simulation",
+        "straggler-delay-s",
+        "straggler-fraction",
+        "straggler-factor",
+        "device",
+        "outputs-dir",
+        "console",
+        "tracking",
+        "checkpoint-every",
+        "checkpoint-keep",
+        "resume-from",
+    ]
+)
+
+
+def settings_fingerprint(cfg) -> str:
+    """A short hash of the settings a server and its clients must share: every run-config
+    key of ``cfg`` (a pydantic settings model) but ``SERVER_ONLY_KEYS`` (the algorithm,
+    model, split, data set and partition, seed, local training, the algorithm's own keys...).
+    Sent with every message; a client whose own differs refuses the message."""
+    items = {k: v for k, v in cfg.model_dump(by_alias=True).items() if k not in SERVER_ONLY_KEYS}
+    text = json.dumps(items, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def handshake_problem(cfg, config: Mapping, settings: bool = True) -> str:
+    """Why a client of settings ``cfg`` must not answer a message with config record
+    ``config`` ('' if it may): another algorithm (not among the server's ``algorithm``
+    names), or other shared settings (with ``settings``; not for the NumPyClient adapter,
+    whose model and data are the user's, not its run config's). A message without the
+    handshake (a server of an older pflower, a user's own) is answered."""
+    algorithm = config.get(ALGORITHM)
+    theirs = config.get(SETTINGS_FINGERPRINT) if settings else None
+    mine = settings_fingerprint(cfg) if theirs is not None else None
+    # a run config's server sends its algorithm; a strategy built by hand the names of the
+    # client halves it serves, separated by "|" (``PersonalizedStrategy.algorithm``)
+    if algorithm is not None and cfg.algorithm not in str(algorithm).split("|"):
+        return (
+            f"{CONFIG_MISMATCH}: the server runs algorithm {algorithm!r}, this client "
+            f"{cfg.algorithm!r}; start both from the same run config"
+        )
+    if theirs is not None and theirs != mine:
+        return (
+            f"{CONFIG_MISMATCH}: the server's client settings (fingerprint {theirs}) differ "
+            f"from this client's ({mine}) under algorithm {cfg.algorithm!r}: another seed, "
+            "split, model, data set, partition, local training or algorithm setting; start "
+            "both from the same run config"
+        )
+    return ""
 
 
 @dataclass

@@ -165,13 +165,13 @@ def _simulate(job: Mapping, directory: Path) -> None:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     from flwr.simulation import run_simulation
 
-    from pflower.client_app import build_client_app
+    from pflower.experiments.client_app import experiment_client_app
     from pflower.server_app import build_server_app
 
     reports: list = []
     run_simulation(
         server_app=build_server_app(job["config"], on_report=reports.append, out=directory),
-        client_app=build_client_app(job["config"]),
+        client_app=experiment_client_app(job["config"]),
         num_supernodes=job["nodes"],
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
     )

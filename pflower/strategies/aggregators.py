@@ -148,9 +148,13 @@ class Aggregator(ABC):
         return self.aggregate(X, f)
 
     def check(self, n: int, f: int) -> None:
-        """Raise ``ValueError`` unless ``f`` Byzantine among ``n`` inputs is within the rule's
-        breakdown point."""
+        """Raise ``ValueError`` unless the rule can combine ``n`` inputs of which ``f``
+        Byzantine: within its breakdown point and its own preconditions (``problem``, e.g.
+        Multi-Krum's m <= N - f), checked on every call, not only at start."""
         _check(self.name, f, n, self.max_byzantine(n))
+        problem = self.problem(n, f)
+        if problem:
+            raise ValueError(f"{self.name}: {problem}")
 
 
 class Mean(Aggregator):

@@ -111,6 +111,9 @@ class APFL(PersonalizedStrategy):
     """APFL's server: the mean of the returned w_i (unweighted by default), through the
     server optimizer (SGD with lr 1 by default: the plain mean)."""
 
+    #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
+    algorithm = "apfl"
+
     def __init__(self, *, weighted: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
         self.weighted = weighted

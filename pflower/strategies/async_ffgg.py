@@ -143,6 +143,9 @@ class AsyncFFGG(FFGG):
         Pause between pulls when nothing has arrived.
     """
 
+    #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
+    algorithm = "async-ffgg|ffgg|br-ffgg"
+
     def __init__(
         self,
         *,
@@ -216,6 +219,8 @@ class AsyncFFGG(FFGG):
         every = self.evaluate_every_updates or self.evaluate_every * slots
         self.num_rounds = total  # the "round" of messages, logs and evaluation = theta's version
         self.check_robust(slots)
+        self._slots = slots
+        self.failed_rounds, self.failed_replies, self.value_drops = 0, 0, {}
         self._current = initial_arrays
         base_config = dict(train_config or {})
         log.info("async FFGG: %d updates, %d clients in flight, %d nodes", total, slots, len(nodes))
@@ -289,16 +294,24 @@ class AsyncFFGG(FFGG):
         return True  # the loop decides when (every ``evaluate_every_updates`` updates)
 
     def _apply(self, new_version: int, reply, staleness: int) -> bool:
-        """Check the reply and apply it: theta <- theta - gamma / (1 + s)^a * Delta."""
+        """Check the reply and apply it: theta <- theta - gamma / (1 + s)^a * Delta. The
+        update-norm and claim bounds hold for each reply (a 1-reply round: checked against
+        the reference, which it does not move); ``max_failed_rounds`` x C replies in a row
+        dropped stop the run (``RunFailed``)."""
+        current = {k: a.numpy() for k, a in self._current.items()}
+        self._asked = {self.sender(reply)}
         updates = self.check_train_replies(new_version, [reply])
+        updates = self.bound_updates(new_version, current, updates) if updates else updates
         if not updates:
             self.counts["dropped"] += 1
+            self.settle_reply(new_version, applied=False)
             return False
         if 0 <= self.max_staleness < staleness:
             self.counts["dropped"] += 1
             self._drop(new_version, updates[0].node_id, f"stale: s = {staleness}")
+            self.settle_reply(new_version, applied=False)
             return False
-        current = {k: a.numpy() for k, a in self._current.items()}
+        self.settle_reply(new_version, applied=True)
         scale = (1.0 + staleness) ** -self.staleness_power
         gradient = {k: scale * v for k, v in updates[0].tensors.items()}
         new = self.server_optimizer.step(current, gradient)
@@ -307,6 +320,14 @@ class AsyncFFGG(FFGG):
         metrics = self.round_metrics(updates)
         self._log(new_version).train = {**metrics, "staleness": float(staleness)}
         return True
+
+    def settle_reply(self, version: int, applied: bool) -> None:
+        """``settle_round`` for one reply: the node's value drops are tracked per reply, and
+        C (``concurrency``) replies dropped in a row count as one round that applied nothing."""
+        self.track_value_drops()
+        self.failed_replies = 0 if applied else self.failed_replies + 1
+        if applied or self.failed_replies % self._slots == 0:
+            self.count_round(version, applied=int(applied))
 
     def _evaluate(self, grid, version, evaluate_config, evaluate_fn) -> None:
         """The usual protocol on the current theta; every client when ``version`` is

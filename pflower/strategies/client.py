@@ -31,6 +31,8 @@ from pflower.wire import (
     PERSONAL_INIT,
     PHASE,
     PRETRAIN,
+    ConfigMismatch,
+    handshake_problem,
 )
 
 if TYPE_CHECKING:
@@ -67,6 +69,9 @@ class ClientJob:
     rng_state: torch.Tensor | None = None
     #: whether ``restore_personal`` found stored state (reported as ``personal-restored``)
     restored: bool = False
+    #: whether the handshake compares the server's settings fingerprint with ``cfg``'s (not
+    #: for the NumPyClient adapter: its model and data are the user's, not ``cfg``'s)
+    handshake_settings: bool = True
 
     @property
     def num_train(self) -> int:
@@ -107,7 +112,12 @@ class ClientJob:
         (``arrays``; the whole model in pre-training), the algorithm's own records
         (``received``, e.g. Scaffold's ``control``) and the config record (``config``: the
         step sizes ``lr`` / ``personal_lr`` read it). The one entry for the ClientApp and the
-        NumPyClient adapter alike."""
+        NumPyClient adapter alike. A message from a server of another algorithm or other
+        client settings (the handshake: ``wire.handshake_problem``) raises
+        ``ConfigMismatch``, which the server counts as ``config mismatch``."""
+        problem = handshake_problem(self.cfg, config, self.handshake_settings)
+        if problem:
+            raise ConfigMismatch(problem)
         self.config = dict(config)
         if PERSONAL_INIT in records:
             self.set_personal_init(records[PERSONAL_INIT])

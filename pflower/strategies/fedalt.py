@@ -103,6 +103,9 @@ class FedAlt(PersonalizedStrategy):
         The parameters of ``PersonalizedStrategy``.
     """
 
+    #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
+    algorithm = "fedalt|fedrep"
+
     def __init__(self, *, weighted: bool = True, **kwargs) -> None:
         super().__init__(**kwargs)
         self.weighted = weighted
@@ -115,6 +118,9 @@ class FedAlt(PersonalizedStrategy):
 
 class FedSim(FedAlt):
     """FedSim's server: identical to FedAlt's (see ``FedAlt``); the client runs LocalSim."""
+
+    #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
+    algorithm = "fedsim|fedper"
 
 
 class _PartialClient(ClientHalf):

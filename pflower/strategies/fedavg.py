@@ -45,6 +45,9 @@ class FedAvg(PersonalizedStrategy):
     of ``PersonalizedStrategy``.
     """
 
+    #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
+    algorithm = "fedavg|fedavg-ft"
+
     def aggregate(
         self, server_round, current, updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
@@ -53,6 +56,9 @@ class FedAvg(PersonalizedStrategy):
 
 class Local(PersonalizedStrategy):
     """No federation: clients train alone; the server only schedules and collects metrics."""
+
+    #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
+    algorithm = "local"
 
     def aggregate(self, server_round, current, updates) -> dict[str, np.ndarray]:
         return current

@@ -161,6 +161,9 @@ class FFGG(_GradientStrategy):
         The parameters of ``PersonalizedStrategy``.
     """
 
+    #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
+    algorithm = "ffgg|br-ffgg|async-ffgg"
+
     def __init__(self, **kwargs) -> None:
         super().__init__(reply_key=GRADIENT, **kwargs)
 
@@ -171,6 +174,9 @@ class LocalFFGG(_GradientStrategy):
     Replies carry the key ``delta``. Takes ``weighted`` (as ``FFGG``: unweighted mean by
     default, data-size weighted with ``True``) and the parameters of
     ``PersonalizedStrategy``."""
+
+    #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
+    algorithm = "local-ffgg"
 
     def __init__(self, **kwargs) -> None:
         super().__init__(reply_key=DELTA, **kwargs)
@@ -316,6 +322,9 @@ class BRFFGG(FFGG):
     **kwargs
         The parameters of ``FFGG`` and ``PersonalizedStrategy``.
     """
+
+    #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
+    algorithm = "br-ffgg|ffgg|async-ffgg"
 
     def __init__(self, *, robust=None, **kwargs) -> None:
         if robust is None:

@@ -101,6 +101,9 @@ class L2GD(PersonalizedStrategy):
         communications is (1 - p) / p.
     """
 
+    #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
+    algorithm = "l2gd"
+
     #: what a checkpoint keeps besides the base strategy's (``pflower.checkpoint``): the
     #: coins still to flip and the iteration count
     checkpoint_attributes = ("coins", "iterations", "_pending_average")

@@ -20,7 +20,16 @@ weights and raise on the first inconsistent reply (the whole round is skipped), 
 an error, lacks the ArrayRecord, has other names, shapes or dtypes than the model, or carries a
 NaN / Inf is dropped and counted (``dropped``, per reason) and the round goes on with the
 others. With ``aggregator = Mean()`` the result equals FedAvg's unweighted mean; the rules are
-unweighted (a Byzantine client could claim any ``num-examples``).
+unweighted (a Byzantine client could claim any ``num-examples``). A node asked that did not
+answer within the round's timeout is counted too (``no reply within the round timeout``).
+
+The update-norm bound of pflower's own strategies (``checks.UpdateNormBound``: every update at
+most ``max_update_norm`` x a reference that starts at the model's norm and grows at most
+``update_norm_growth`` per round) holds at every round size, and the rule's preconditions
+(breakdown point for ``byzantine``, Multi-Krum's m <= N - f) are checked every round against
+the replies kept: a round that cannot meet them is skipped and counted (``skipped``), never
+combined with a smaller f. A round that aggregates nothing keeps the model, and
+``Result.arrays`` is always the last good model (the initial one if no round aggregated).
 
 ``RobustAggregation`` is the mixin behind it: put it first in the bases of any strategy whose
 ``aggregate_train`` is FedAvg's (e.g. ``class RobustFedProx(RobustAggregation, FedProx)``).
@@ -39,6 +48,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator
+from pflower.strategies.checks import UpdateNormBound, provisional_scale
 from pflower.wire import layout_problem, metrics_problem
 
 # A child of Flower's logger, so the records go wherever Flower's go (console, `flwr log`).
@@ -48,17 +58,30 @@ log = logging.getLogger("flwr.pflower")
 class RobustAggregation:
     """Mixin: robust aggregation of updates for FedAvg-like Flower strategies."""
 
-    def __init__(self, *args, aggregator: Aggregator, byzantine: int = 0, **kwargs) -> None:
+    def __init__(
+        self,
+        *args,
+        aggregator: Aggregator,
+        byzantine: int = 0,
+        max_update_norm: float = 1000.0,
+        update_norm_growth: float = 2.0,
+        **kwargs,
+    ) -> None:
         super().__init__(*args, **kwargs)
         if byzantine < 0:
             raise ValueError(f"byzantine = {byzantine}: must be >= 0")
         self.aggregator, self.byzantine = aggregator, byzantine
+        self.norm_bound = UpdateNormBound(max_update_norm, update_norm_growth)
         self.dropped: dict[str, int] = {}  # reason -> count, over the run
+        self.skipped = 0  # rounds that could not meet the rule's preconditions
         self._current: ArrayRecord | None = None
+        self._asked: set[int] = set()
 
     def configure_train(self, server_round, arrays, config, grid):
         self._current = arrays  # the model the clients start from: updates are relative to it
-        return super().configure_train(server_round, arrays, config, grid)
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        self._asked = {m.metadata.dst_node_id for m in messages}
+        return messages
 
     def _drop(self, node: int, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
@@ -118,28 +141,25 @@ class RobustAggregation:
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         if self._current is None:
             raise RuntimeError("aggregate_train before configure_train: no current model")
-        kept, X = self._checked(list(replies))
+        replies = list(replies)
+        answered = {m.metadata.src_node_id for m in replies}
+        for node in sorted(self._asked - answered):
+            self._drop(node, "no reply within the round timeout")
+        kept, X = self._checked(replies)
+        current = {k: a.numpy() for k, a in self._current.items()}
+        if kept and self.norm_bound.factor:
+            kept, X = self._bounded(kept, X, current)
         if not kept:
-            log.warning("round %d: no usable reply", server_round)
-            return None, None
-        n = len(kept)
-        problem = self.aggregator.problem(n, 0)
-        if problem:  # too few replies left for the rule: skip the round, keep the model
+            log.warning("round %d: no usable reply; the model is unchanged", server_round)
+            return self._current, None
+        problem = self.aggregator.problem(len(kept), self.byzantine)
+        if problem:  # too few replies left for the rule and f: skip the round, keep the model
+            self.skipped += 1
             log.warning("round %d: skipped, the model is unchanged: %s", server_round, problem)
             return self._current, None
-        f = min(self.byzantine, max(0, self.aggregator.max_byzantine(n)))
-        if f < self.byzantine:
-            log.warning(
-                "round %d: %s tolerates %d of %d replies, fewer than byzantine = %d",
-                server_round,
-                self.aggregator.name,
-                f,
-                n,
-                self.byzantine,
-            )
-        current = {k: a.numpy() for k, a in self._current.items()}
         step = aggregators.unstack(
-            self.aggregator(X, f=f), [(k, a.shape, a.dtype) for k, a in current.items()]
+            self.aggregator(X, f=self.byzantine),
+            [(k, a.shape, a.dtype) for k, a in current.items()],
         )
         arrays = ArrayRecord(
             {
@@ -149,6 +169,19 @@ class RobustAggregation:
         )
         metrics = self.train_metrics_aggr_fn([m.content for m in kept], self.weighted_by_key)
         return arrays, metrics
+
+    def _bounded(self, kept: list[Message], X: torch.Tensor, current) -> tuple[list, torch.Tensor]:
+        """The replies (and rows of ``X``) whose update norm is within the bound."""
+        norms = torch.linalg.vector_norm(X.double(), dim=1).tolist()
+        bound = self.norm_bound.bound(norms, True, provisional_scale(current))
+        inside = [i for i, size in enumerate(norms) if size <= bound]
+        for i, size in enumerate(norms):
+            if size > bound:
+                self._drop(
+                    kept[i].metadata.src_node_id,
+                    f"update norm {size:.3g} > max-update-norm x reference = {bound:.3g}",
+                )
+        return [kept[i] for i in inside], X[inside]
 
 
 class RobustFedAvg(RobustAggregation, FedAvg):

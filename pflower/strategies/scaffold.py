@@ -70,6 +70,9 @@ class Scaffold(PersonalizedStrategy):
     ``PersonalizedStrategy``; replies carry ``delta`` and ``control-delta``.
     """
 
+    #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
+    algorithm = "scaffold"
+
     #: what a checkpoint keeps besides the base strategy's (``pflower.checkpoint``): c
     checkpoint_attributes = ("control",)
 

@@ -3,11 +3,13 @@ message-API ``Strategy``):
 
 - samples clients uniformly **without replacement** from its own seeded generator;
 - sends only the shared parameters (``arrays``) and a ``config`` record;
-- checks every reply before aggregation: a reply that is an error, lacks the algorithm's
-  reply key (``arrays``, ``delta`` or ``gradient``), carries other records, other names,
-  shapes or dtypes than the shared parameters, non-finite values, or no ``num-examples``
-  is **dropped and counted** (logged with its node id); the round goes on. (Flower's own
+- checks every reply before aggregation (``checks.ReplyChecks``): a reply that is an error,
+  lacks the algorithm's reply key (``arrays``, ``delta`` or ``gradient``), carries other
+  records, other names, shapes or dtypes than the shared parameters, non-finite values, or
+  no believable ``num-examples`` is **dropped and counted** (logged with its node id); the
+  update-norm and claim bounds hold at every round size; the round goes on. (Flower's own
   ``FedAvg`` raises on inconsistent replies: one bad client would stop the run.)
+- sends the handshake (``algorithm``, ``settings-fingerprint``) with every message;
 - aggregates evaluation per DESIGN.md: pooled accuracy, mean over clients, p10/p50/p90,
   worst client, and the number of clients whose personalized accuracy is below the global
   model's. Evaluation runs every ``evaluate_every`` rounds; the final round evaluates
@@ -16,8 +18,9 @@ message-API ``Strategy``):
 - keeps at most ``max_in_flight`` messages outstanding (16 on the simulation engine) and
   combines replies in partition order, so that arrival order changes no bit of a result.
 
-Its pieces live in small modules: ``pflower.wire`` (keys, reply layout check),
-``history`` (round log, client summaries), ``combine`` (means, robust rules); the client
+Its pieces live in small modules: ``pflower.wire`` (keys, reply layout check), ``checks``
+(reply checks, bounds, handshake counting, failed rounds), ``history`` (round log, client
+summaries), ``combine`` (means, robust rules); the client
 side is ``client`` (``ClientJob``, ``ClientHalf``), which imports nothing from here.
 """
 
@@ -44,8 +47,8 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from pflower.experiments import attacks
 from pflower.strategies.aggregators import Aggregator
+from pflower.strategies.checks import ReplyChecks
 from pflower.strategies.combine import (
     robust_aggregator,
     robust_combine,
@@ -56,6 +59,7 @@ from pflower.strategies.history import RoundLog, summarize_clients, weighted_mea
 from pflower.strategies.nodes import NodeSampling, RoundDeadline, Window, in_memory_grid
 from pflower.strategies.server_opt import ServerOptimizer, client_lr
 from pflower.wire import (
+    ALGORITHM,
     ARRAYS,
     CONFIG,
     DELTA,
@@ -65,15 +69,15 @@ from pflower.wire import (
     LR_SCALE,
     NUM_EXAMPLES,
     PERSONAL_INIT,
+    PERSONAL_RESET,
     PHASE,
     PRETRAIN,
     RUN_TAG,
     SERVER_ROUND,
+    SETTINGS_FINGERPRINT,
     TRAIN,
     ClientUpdate,
-    array_view,
-    layout_problem,
-    metrics_problem,
+    settings_fingerprint,
 )
 
 if TYPE_CHECKING:
@@ -83,8 +87,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("flwr.pflower")
 
 
-#: without ``max_num_examples``: a claim above this many times the round's median is a lie
-NUM_EXAMPLES_FACTOR = 100
 #: ``final_evaluate_fraction`` = 0: up to this many nodes the final round evaluates them all
 FINAL_EVALUATE_ALL = 100
 #: ``max_in_flight`` = 0 on Flower's simulation engine: messages outstanding at once
@@ -93,10 +95,10 @@ SIMULATION_WINDOW = 16
 
 class RoundSkipped(Exception):
     """This round's replies cannot be combined (too few for the robust rule's breakdown
-    point): the round leaves the shared parameters unchanged."""
+    point and ``byzantine``): the round leaves the shared parameters unchanged."""
 
 
-class PersonalizedStrategy(NodeSampling, Strategy):
+class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
     """Base strategy: sampling, messages, reply checks, per-client evaluation metrics.
 
     Subclasses implement ``aggregate`` (checked updates -> new shared arrays) and may add
@@ -108,6 +110,15 @@ class PersonalizedStrategy(NodeSampling, Strategy):
     pre-trained personal slice, is sent as ``personal-init`` with every later message so that
     a client without personal state starts from it (Pillutla et al. 2022, step (a) -> (b)).
     It is the global model's slice, not any client's personal state.
+
+    **Threat model** (``pflower.strategies.checks`` states each bound's guarantee). Without a
+    robust rule pflower tolerates *broken* clients: errors, missing or extra records, wrong
+    names, shapes or dtypes, NaN/Inf, bad or inconsistent ``num-examples``, malformed metrics,
+    and finite outliers beyond the update-norm bound, at every round size; a Byzantine
+    minority can move a mean by at most its weight times the bound per round. Colluding
+    clients whose updates stay within the honest spread (ALIE, IPM, label flipping) need a
+    robust rule (``robust``) and enough replies for its breakdown point; a round with too
+    few replies for the rule is skipped, counted, never crashes the run.
 
     Parameters
     ----------
@@ -155,43 +166,51 @@ class PersonalizedStrategy(NodeSampling, Strategy):
     robust : Aggregator or None (default: None)
         A robust rule (``pflower.strategies.aggregators``) applied to the clients' *updates*
         (gradients, deltas, or ``current - returned weights``), unweighted, in place of the
-        (weighted) mean. ``None``: the algorithm's own mean.
+        (weighted) mean, in every phase: pre-training rounds too. ``None``: the algorithm's
+        own mean.
     byzantine : int (default: 0)
         Number f of Byzantine clients per round the robust rule must tolerate; checked
-        against the rule's breakdown point at the first round.
+        against the rule's breakdown point at the first round (the sample size) and in every
+        round against the replies kept: a round that cannot tolerate f is skipped and
+        counted (``skipped``), never combined with a smaller f.
     attack_simulation : bool (default: False)
         **Attack simulation, for robustness experiments only**: replies tagged by ALIE / IPM
         nodes (``pflower.experiments.attacks``) are replaced by the omniscient adversary's vector,
         computed from the round's honest replies. Off: tagged replies are dropped.
     max_update_norm : float (default: 1000.0)
-        Drop a training reply whose update (gradient, delta, or ``current - returned
-        weights``) is longer than this many times the *reference norm*: the largest round
-        median of update norms seen so far in the run, this round included (rounds of at
-        least 3 replies). A round's median is an honest client's as long as most are honest,
-        so a minority can neither raise the reference nor escalate it round by round; taking
-        the largest median of the run, not this round's, keeps honest clients whose updates
-        are large only next to a converged majority (PFLEGO's gradients: a client sampled
-        again after many rounds sends 15 where the round's median is 0.08 and the run's
-        largest 1.8; one reached 191 = 103 x the run's largest median). 1000 leaves a margin
-        of 10 over the largest honest ratio seen in the benchmarks; a broken client's 1e30 is
-        far beyond it. 0 turns the bound off. One finite but huge reply can then neither set
-        the mean nor a server Adam's moments. Replies inside the bound but outside the honest
-        spread are the robust rules' job (``robust``).
+        ``K``: drop a training reply whose update (gradient, delta, or ``current - returned
+        weights``) is longer than ``K`` times the reference ``R`` of its kind, at every round
+        size. ``R`` starts at ``S / K`` (``S`` the shared parameters' norm, over the client lr
+        for gradients: the first rounds accept updates up to the model's own size) and moves
+        only by a round's lower median of update norms, by at most ``update_norm_growth`` per
+        round, never down (``checks.UpdateNormBound``). 1000 leaves room for honest PFLEGO
+        gradients (a client sampled again after many rounds reached 103 x the run's largest
+        median) while a broken client's 1e30 is far beyond it. 0 turns the bound off.
+    update_norm_growth : float (default: 2.0)
+        ``g``: the reference grows by at most this factor per round, so no sequence of
+        replies can walk it up faster (after r rounds ``R <= g^r S / K``).
     max_num_examples : int (default: 0)
         Drop a reply claiming more training examples than this; 0: more than 100 times the
-        round's median claim (rounds of 3 replies or more). Independently, a node's claim
-        must equal what it reported at start-up (when the strategy asked) or in its first
-        accepted reply: a node's training set does not change during a run.
+        lower median of the claims known (every node's first accepted claim and this round's),
+        at every round size. Independently, a node's claim must equal what it reported at
+        start-up (when the strategy asked) or in its first accepted reply.
+    max_failed_rounds : int (default: 3)
+        Stop the run (``checks.RunFailed``, with the drop reasons) after this many
+        consecutive training rounds that applied no reply; 0: never.
+    algorithm : str or None (default: None)
+        The name sent in the handshake (``algorithm`` in every message's config); ``None``:
+        the class's ``algorithm``. The app sets the run config's.
+    settings_fingerprint : str (default: "")
+        A fingerprint of the client settings (``pflower.wire.settings_fingerprint``) sent in
+        the handshake; the app sends the run config's, a strategy built by hand none.
     min_available_nodes : int (default: 1)
         Wait until this many nodes are connected before sampling.
-
-    **Threat model.** Without a robust rule pflower tolerates *broken* clients: errors,
-    missing or extra records, wrong names, shapes or dtypes, NaN/Inf, bad or inconsistent
-    ``num-examples``, malformed metrics, and single finite outliers (``max_update_norm``).
-    Colluding clients whose updates stay within the honest spread (ALIE, IPM, label
-    flipping) need a robust rule (``robust``) and enough replies for its breakdown point; a
-    round with too few replies for the rule is skipped, counted, never crashes the run.
     """
+
+    #: the handshake's algorithm names of a strategy built by hand: the registry's names of
+    #: the client halves it serves, "|"-separated (each algorithm's class sets its own; the
+    #: app sends the run config's ``algorithm``)
+    algorithm = "fedavg|fedavg-ft"
 
     def __init__(
         self,
@@ -216,7 +235,11 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         byzantine: int = 0,
         attack_simulation: bool = False,
         max_update_norm: float = 1000.0,
+        update_norm_growth: float = 2.0,
         max_num_examples: int = 0,
+        max_failed_rounds: int = 3,
+        algorithm: str | None = None,
+        settings_fingerprint: str = "",
         min_available_nodes: int = 1,
     ) -> None:
         if not 0 < fraction_train <= 1:
@@ -264,15 +287,11 @@ class PersonalizedStrategy(NodeSampling, Strategy):
             raise ValueError(f"byzantine = {byzantine}: must be >= 0")
         self.robust, self.byzantine = robust, byzantine
         self.attack_simulation = attack_simulation
-        if not (max_update_norm == 0 or max_update_norm >= 1):
-            raise ValueError(f"max_update_norm = {max_update_norm}: must be 0 (off) or >= 1")
-        if max_num_examples < 0:
-            raise ValueError(f"max_num_examples = {max_num_examples}: must be >= 0")
+        self.init_checks(max_update_norm, update_norm_growth, max_num_examples, max_failed_rounds)
         self.max_update_norm, self.max_num_examples = max_update_norm, max_num_examples
-        self.claimed_num_examples: dict[int, float] = {}  # node id -> first accepted claim
-        # max_update_norm's reference: the largest round median of update norms so far, per
-        # reply kind (returned weights and gradients / deltas have different scales)
-        self.update_norm_reference: dict[bool, float] = {}
+        if algorithm is not None:
+            self.algorithm = algorithm
+        self.settings_fingerprint = settings_fingerprint
         self.min_available_nodes = min_available_nodes
         self.rng = random.Random(seed)
         self.num_rounds = 0
@@ -301,6 +320,7 @@ class PersonalizedStrategy(NodeSampling, Strategy):
             )
         self.num_rounds = num_rounds
         self.history = []
+        self.failed_rounds, self.value_drops = 0, {}
         self.run_tag = uuid.uuid4().hex[:12]
         resume = kwargs.pop("resume", None)  # a pflower.checkpoint.Checkpoint to continue
         if resume is not None:
@@ -376,23 +396,44 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         self.personal_init = ArrayRecord({k: a for k, a in arrays.items() if k not in shared})
         return ArrayRecord({k: a for k, a in arrays.items() if k in shared})
 
+    def handshake(self) -> dict:
+        """What every message says about the server's run: its algorithm and, when built
+        from a run config, the fingerprint of the settings its clients must share."""
+        shake = {ALGORITHM: self.algorithm}
+        if self.settings_fingerprint:
+            shake[SETTINGS_FINGERPRINT] = self.settings_fingerprint
+        return shake
+
     def _messages(self, server_round, node_ids, arrays, config: dict, message_type: str):
         phase = PRETRAIN if self.pretraining(server_round) else TRAIN
-        content = RecordDict(
-            {
-                ARRAYS: arrays,
-                CONFIG: ConfigRecord(
-                    {**config, SERVER_ROUND: server_round, PHASE: phase, RUN_TAG: self.run_tag}
-                ),
-            }
-        )
-        if self.personal_init is not None:
-            content[PERSONAL_INIT] = self.personal_init
-        if message_type == MessageType.TRAIN and not self.pretraining(server_round):
-            for key, record in self.extra_content(server_round).items():
-                content[key] = record
+        config = {
+            **config,
+            **self.handshake(),
+            SERVER_ROUND: server_round,
+            PHASE: phase,
+            RUN_TAG: self.run_tag,
+        }
+
+        def content_with(config: dict) -> RecordDict:
+            content = RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(config)})
+            if self.personal_init is not None:
+                content[PERSONAL_INIT] = self.personal_init
+            if message_type == MessageType.TRAIN and not self.pretraining(server_round):
+                for key, record in self.extra_content(server_round).items():
+                    content[key] = record
+            return content
+
+        content = content_with(config)
+        # nodes whose replies keep being dropped for their values start from their init
+        reset = self.personal_reset_nodes() if message_type == MessageType.TRAIN else set()
+        reset_content = content_with({**config, PERSONAL_RESET: True}) if reset else None
         self._sent = [
-            Message(content=content, message_type=message_type, dst_node_id=n) for n in node_ids
+            Message(
+                content=reset_content if n in reset else content,
+                message_type=message_type,
+                dst_node_id=n,
+            )
+            for n in node_ids
         ]
         return self._sent
 
@@ -459,149 +500,6 @@ class PersonalizedStrategy(NodeSampling, Strategy):
             return 1.0
         return max(FINAL_EVALUATE_ALL, round(0.1 * num_nodes)) / num_nodes
 
-    # --- reply checks ----------------------------------------------------------------------
-    def _count_silent(self, server_round: int, replies: list[Message]) -> None:
-        """Count as dropped the nodes asked this round that sent nothing back (Flower's
-        grid returns only the replies that arrived within ``timeout``)."""
-        answered = {self.sender(msg) for msg in replies}
-        for node in sorted(self._asked - answered):
-            self._drop(server_round, node, "no reply within the round timeout")
-
-    def sender(self, msg: Message) -> int:
-        """The node a reply comes from. For a node that died Flower's SuperLink answers
-        itself (an error reply whose source is the SuperLink, node id 1); the reply names the
-        message it answers, and that message's destination is the node."""
-        node = msg.metadata.src_node_id
-        if node in self._asked:
-            return node
-        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
-        return sent.get(msg.metadata.reply_to_message_id, node)
-
-    def _drop(self, server_round: int, node_id: int, reason: str) -> None:
-        dropped = self._log(server_round).dropped
-        dropped[reason] = dropped.get(reason, 0) + 1
-        log.warning("round %d: dropped the reply of node %d: %s", server_round, node_id, reason)
-
-    def _metrics(self, server_round: int, msg: Message, required: Iterable[str]) -> dict | None:
-        """The reply's single MetricRecord as a dict, or None (and a drop) if malformed."""
-        node = self.sender(msg)
-        if msg.has_error():
-            self._drop(server_round, node, f"client error: {msg.error.reason}")
-            return None
-        records = msg.content.metric_records
-        if len(records) != 1:
-            self._drop(server_round, node, f"expected one MetricRecord, got {len(records)}")
-            return None
-        metrics = dict(next(iter(records.values())))
-        problem = metrics_problem(metrics, tuple(required))
-        if problem:
-            self._drop(server_round, node, problem)
-            return None
-        return metrics
-
-    def check_train_replies(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> list[ClientUpdate]:
-        """Keep well-formed replies; drop and count the others."""
-        pretraining = self.pretraining(server_round)
-        reply_key = ARRAYS if pretraining else self.reply_key
-        keys = {reply_key, *(() if pretraining else self.extra_reply_keys)}
-        expected = {k: (tuple(a.shape), a.dtype) for k, a in self._current.items()}
-        updates = []
-        for msg in replies:
-            metrics = self._metrics(server_round, msg, [NUM_EXAMPLES])
-            if metrics is None:
-                continue
-            node = self.sender(msg)
-            problem = self._num_examples_problem(node, metrics[NUM_EXAMPLES])
-            if problem:
-                self._drop(server_round, node, problem)
-                continue
-            records = msg.content.array_records
-            if set(records) != keys:
-                self._drop(
-                    server_round, node, f"expected records {sorted(keys)}, got {sorted(records)}"
-                )
-                continue
-            checked: dict[str, dict[str, np.ndarray]] = {}
-            for key in sorted(keys):  # the first bad record drops the reply, counted once
-                tensors = self._check_record(server_round, node, records[key], expected)
-                if tensors is None:
-                    break
-                checked[key] = tensors
-            if len(checked) != len(keys):
-                continue
-            tensors = checked.pop(reply_key)
-            self.claimed_num_examples.setdefault(node, metrics[NUM_EXAMPLES])
-            updates.append(ClientUpdate(node, tensors, metrics, checked))
-        return updates
-
-    def _num_examples_problem(self, node: int, claimed: float) -> str:
-        """Why a reply's ``num-examples`` is not believed ('' if it is): above the cap, or
-        not what this node reported at start-up / in its first accepted reply."""
-        if self.max_num_examples and claimed > self.max_num_examples:
-            return f"num-examples {claimed:g} above max-num-examples {self.max_num_examples}"
-        known = self.num_train_of.get(node, self.claimed_num_examples.get(node))
-        if known is not None and claimed != known:
-            return f"num-examples {claimed:g} differs from the {known:g} this node reported"
-        return ""
-
-    def bound_updates(
-        self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
-    ) -> list[ClientUpdate]:
-        """Drop (and count) the replies whose ``num-examples`` (without ``max_num_examples``)
-        exceed a multiple of the round's median, or whose update norm exceeds
-        ``max_update_norm`` x the largest round median of the run (rounds of 3 replies or
-        more)."""
-        if len(updates) >= 3 and not self.max_num_examples:  # claims far above the median
-            cap = NUM_EXAMPLES_FACTOR * float(np.median([u.num_examples for u in updates]))
-            for u in [u for u in updates if u.num_examples > cap]:
-                self._drop(
-                    server_round,
-                    u.node_id,
-                    f"num-examples {u.num_examples:g} > {NUM_EXAMPLES_FACTOR} x round median",
-                )
-            updates = [u for u in updates if u.num_examples <= cap]
-        if not self.max_update_norm or len(updates) < 3:
-            return updates
-        weights = self.pretraining(server_round) or self.reply_key == ARRAYS
-
-        def norm(u: ClientUpdate) -> float:  # in float64: a huge reply must not overflow
-            vectors = ((current[k] - t) if weights else t for k, t in u.tensors.items())
-            return float(np.sqrt(sum(np.square(v.astype(np.float64)).sum() for v in vectors)))
-
-        norms = np.array([norm(u) for u in updates])
-        reference = max(float(np.median(norms)), self.update_norm_reference.get(weights, 0.0))
-        self.update_norm_reference[weights] = reference
-        bound = self.max_update_norm * reference
-        if not bound > 0:
-            return updates
-        kept = []
-        for u, size in zip(updates, norms):
-            if size > bound:
-                self._drop(
-                    server_round,
-                    u.node_id,
-                    f"update norm {size:.3g} > max-update-norm x largest round median "
-                    f"= {bound:.3g}",
-                )
-            else:
-                kept.append(u)
-        return kept
-
-    def _check_record(self, server_round, node, record, expected) -> dict | None:
-        """The record's tensors, or None (and a drop) if its names, shapes, dtypes or
-        values are not those of finite shared parameters."""
-        problem = layout_problem(record, expected)
-        if problem:
-            self._drop(server_round, node, problem)
-            return None
-        tensors = {k: array_view(a) for k, a in record.items()}  # views: no second copy
-        if not all(np.isfinite(t).all() for t in tensors.values()):
-            self._drop(server_round, node, "non-finite values")
-            return None
-        return tensors
-
     # --- aggregation -----------------------------------------------------------------------
     @abstractmethod
     def aggregate(
@@ -617,25 +515,20 @@ class PersonalizedStrategy(NodeSampling, Strategy):
     ) -> dict[str, np.ndarray]:
         """The clients' update vectors (``vectors``, or ``center - vectors[i]`` for returned
         weights) combined: their weighted mean in float64 or, with ``robust``, the robust
-        rule over them (unweighted; f = ``byzantine``, capped at what the rule tolerates for
-        this round's number of replies, with a warning). Both read the replies in place and
-        never hold all N updates (``combine.weighted_mean_of_updates``, ``robust_combine``)."""
+        rule over them (unweighted; f = ``byzantine``, checked against the replies kept in
+        every round: a round that cannot meet the rule's preconditions raises
+        ``RoundSkipped``). Both read the replies in place and never hold all N updates
+        (``combine.weighted_mean_of_updates``, ``robust_combine``)."""
         if self.robust is None:
             if center is not None:
                 return weighted_mean_of_updates(center, vectors, weights)
             return weighted_mean(vectors, weights)
-        if self.robust.problem(len(vectors), 0):  # too few left after drops: no aggregate
-            raise RoundSkipped(self.robust.problem(len(vectors), 0))
-        f = min(self.byzantine, max(0, self.robust.max_byzantine(len(vectors))))
-        if f < self.byzantine:
-            log.warning(
-                "%s tolerates %d of %d replies, fewer than byzantine = %d",
-                self.robust.name,
-                f,
-                len(vectors),
-                self.byzantine,
-            )
-        return robust_combine(self.robust, vectors, f, center)
+        # the rule's preconditions against the replies kept (drops may have left too few for
+        # f = byzantine, or Multi-Krum's m > N - f): such a round is skipped, not weakened
+        problem = self.robust.problem(len(vectors), self.byzantine)
+        if problem:
+            raise RoundSkipped(problem)
+        return robust_combine(self.robust, vectors, self.byzantine, center)
 
     def average_weights(
         self,
@@ -655,7 +548,11 @@ class PersonalizedStrategy(NodeSampling, Strategy):
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> list[ClientUpdate]:
         """Robustness experiments only: ALIE / IPM replies replaced by the omniscient
-        adversary's vector (``pflower.experiments.attacks.simulate_omniscient``)."""
+        adversary's vector (``pflower.experiments.attacks.simulate_omniscient``). Imported
+        here, not at the top: the device path, which imports the strategies, carries no
+        experiment code."""
+        from pflower.experiments import attacks
+
         return attacks.simulate_omniscient(
             server_round,
             current,
@@ -664,6 +561,18 @@ class PersonalizedStrategy(NodeSampling, Strategy):
             weights=self.pretraining(server_round) or self.reply_key == ARRAYS,
             drop=self._drop,
         )
+
+    def pretrain_aggregate(
+        self, current: dict[str, np.ndarray], updates: list[ClientUpdate]
+    ) -> dict[str, np.ndarray]:
+        """A pre-training round (FedAvg on the whole model, no server optimizer): the
+        data-size weighted mean of the returned weights or, with ``robust``, ``current`` minus
+        the robust rule over the updates ``current - w_i``: every phase meets the rule."""
+        tensors, sizes = [u.tensors for u in updates], [u.num_examples for u in updates]
+        if self.robust is None:
+            return weighted_mean(tensors, sizes)
+        step = self.combine(tensors, sizes, current)
+        return {k: current[k].astype(np.float64) - step[k] for k in current}
 
     def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
         """The round's training metrics: the replies' metrics weighted by num-examples."""
@@ -691,20 +600,22 @@ class PersonalizedStrategy(NodeSampling, Strategy):
                 "round %d: no usable reply; the shared parameters are unchanged", server_round
             )
             entry.train = metrics
+            self.settle_round(server_round, applied=0)
             return self._current, MetricRecord(metrics)
         try:
             if self.pretraining(server_round):
-                tensors, sizes = [u.tensors for u in updates], [u.num_examples for u in updates]
-                new = weighted_mean(tensors, sizes)
+                new = self.pretrain_aggregate(current, updates)
             else:
                 new = self.aggregate(server_round, current, updates)
         except RoundSkipped as skipped:  # too few replies left for the robust rule
             log.warning(
                 "round %d: skipped, the shared parameters are unchanged: %s", server_round, skipped
             )
-            metrics["skipped"] = 1
+            metrics.update(applied=0, skipped=1)
             entry.train = metrics
+            self.settle_round(server_round, applied=0)
             return self._current, MetricRecord(metrics)
+        self.settle_round(server_round, applied=len(updates))
         metrics.update(self.round_metrics(updates))
         entry.train = metrics
         arrays = ArrayRecord(
@@ -771,5 +682,9 @@ def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> d
         "byzantine": cfg.robust_byzantine,
         "attack_simulation": cfg.attack_simulation,
         "max_update_norm": cfg.max_update_norm,
+        "update_norm_growth": cfg.update_norm_growth,
         "max_num_examples": cfg.max_num_examples,
+        "max_failed_rounds": cfg.max_failed_rounds,
+        "algorithm": cfg.algorithm,
+        "settings_fingerprint": settings_fingerprint(cfg),
     }

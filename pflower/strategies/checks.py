@@ -1,0 +1,409 @@
+"""Reply checks and bounds: what a training or evaluation reply must be before it reaches an
+aggregate, and the bounds that keep a reply that passes from steering the run.
+
+``ReplyChecks`` is the part of ``PersonalizedStrategy`` that judges replies (mixed in as
+``nodes.NodeSampling`` is); ``UpdateNormBound`` and ``ClaimBound`` are the two bounds, usable on
+their own (``RobustFedAvg``, ``AsyncFFGG``).
+
+**Layout and values.** A reply that is an error, lacks the algorithm's reply key, carries
+other records, names, shapes or dtypes than the shared parameters, non-finite values, or a
+metric that is not a finite number is dropped and counted with its reason and node id.
+
+**The update-norm bound** (``UpdateNormBound``). Every accepted reply's update (gradient,
+delta, or ``current - returned weights``) has a norm of at most ``K x R``, ``K`` =
+``max-update-norm``, ``R`` the *reference* of its kind (returned weights, or vectors):
+
+- ``R`` starts at ``S / K``, ``S`` a scale the server knows before any reply: the norm of the
+  shared parameters (``||theta||``; ``||theta|| / lr`` for gradients, so that one client step
+  along a gradient of norm ``S`` moves theta by its own length), at least ``0.1 sqrt(d)``
+  (RMS 0.1 per coordinate: a zero-initialised model has ``||theta|| = 0``). So the first
+  rounds, whatever their size, accept updates up to the model's own scale: honest first-round
+  updates measured 0.002-0.12 of ``||theta||`` (``||theta|| / lr``) for every algorithm on
+  the digits MLP.
+- ``R`` is seeded by the first round of at least 2 replies: ``max(S / K, m)``, ``m`` its
+  *lower median* (the ceil(N/2)-th smallest norm); until then every round's bound is ``S``
+  (of that round's parameters). Afterwards it moves only in rounds of at least 2 replies:
+  ``R <- max(R, min(m, g R))``, ``g`` = ``update-norm-growth``. It never decreases (a client
+  sending tiny updates cannot get honest ones dropped later), it grows by at most ``g`` per
+  round whatever anyone sends, and with at most floor(N/2) Byzantine replies in a round ``m``
+  is at most an honest reply's norm: a minority can neither seed it high nor raise it. A
+  1-reply round is checked against ``R`` and leaves it as it is.
+- Guarantee: with at most floor(N/2) Byzantine replies in every round of 2 or more, ``R``
+  never exceeds ``max(S_1 / K, the largest honest update norm so far)`` and, after being
+  seeded in round r_1, ``R <= g^(r - r_1) R_(r_1)`` whatever anyone sends; before it is seeded
+  a round accepts at most ``||theta_t||`` (over lr for gradients). In a (weighted) mean of N
+  replies, f Byzantine ones move the aggregate by at most their share of the weights x
+  ``K R`` beyond the honest mean. If that damage makes the honest updates themselves grow,
+  ``R`` follows them at most ``g`` per round. Keeping the model within the honest spread is a
+  robust rule's job (``robust-aggregator``).
+
+**The claim bound** (``ClaimBound``). A reply's ``num-examples`` must equal what its node
+reported at start-up or in its first accepted reply, be at most ``max-num-examples`` if set,
+and otherwise at most 100 x the *lower median of the claims known*: every node's accepted
+first claim (or start-up size) and this round's new claims. The pool holds every node seen so
+far, not only the round's: in a 2-reply round a liar meets the honest node's size, not its
+own.
+
+**Robust rules' preconditions** are checked every round against the replies kept (``combine``:
+a round that cannot meet them is skipped and counted, never run with a smaller f).
+
+**Rounds that apply nothing.** ``max_failed_rounds`` consecutive training rounds in which no
+reply was applied (all dropped, or skipped) stop the run with ``RunFailed``, listing the
+round's drop reasons: a misconfigured federation fails loudly instead of saving an untrained
+model as its result.
+
+**Recovery.** A node whose replies were dropped for their values (non-finite, update norm) in
+``RESET_AFTER`` consecutive training rounds gets ``personal-reset`` in its next training
+message: it starts that round from the personal init, so stored state of its own that makes
+its replies huge cannot keep it out of the federation for good.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+from flwr.app import ArrayRecord, Message
+
+from pflower.wire import (
+    ARRAYS,
+    CONFIG_MISMATCH,
+    GRADIENT,
+    NUM_EXAMPLES,
+    ClientUpdate,
+    array_view,
+    layout_problem,
+    metrics_problem,
+)
+
+log = logging.getLogger("flwr.pflower")
+
+#: without ``max_num_examples``: a claim above this many times the known claims' lower median
+NUM_EXAMPLES_FACTOR = 100
+#: consecutive value drops (non-finite, update norm) after which a node is sent personal-reset
+RESET_AFTER = 2
+#: drop reasons that are about a reply's values (what its own stored state may cause)
+VALUE_REASONS = ("non-finite values", "update norm")
+#: the provisional scale's floor per coordinate (a zero-initialised model has ||theta|| = 0)
+SCALE_FLOOR = 0.1
+
+
+class RunFailed(RuntimeError):
+    """Consecutive training rounds applied no reply: the federation cannot train."""
+
+
+def lower_median(values: Sequence[float]) -> float:
+    """The ceil(N/2)-th smallest value: at most an honest value when at most floor(N/2) of
+    the N values are adversarial (for N = 2: the smaller one)."""
+    ordered = sorted(values)
+    return float(ordered[math.ceil(len(ordered) / 2) - 1])
+
+
+def update_norms(
+    current: Mapping[str, np.ndarray], updates: Sequence[ClientUpdate], weights: bool
+) -> np.ndarray:
+    """Each reply's update norm, in float64 (a 1e30 reply must not overflow): of
+    ``current - returned`` for returned weights, else of the reply's vector."""
+
+    def norm(u: ClientUpdate) -> float:
+        vectors = ((current[k] - t) if weights else t for k, t in u.tensors.items())
+        return float(np.sqrt(sum(np.square(v.astype(np.float64)).sum() for v in vectors)))
+
+    return np.array([norm(u) for u in updates], dtype=np.float64)
+
+
+def provisional_scale(current: Mapping[str, np.ndarray], lr: float | None = None) -> float:
+    """``S``: the shared parameters' norm, at least ``SCALE_FLOOR sqrt(d)``; divided by the
+    client ``lr`` for gradient replies (``lr`` given)."""
+    sq = sum(float(np.square(a.astype(np.float64)).sum()) for a in current.values())
+    d = sum(a.size for a in current.values())
+    scale = max(math.sqrt(sq), SCALE_FLOOR * math.sqrt(d))
+    return scale / lr if lr else scale
+
+
+class UpdateNormBound:
+    """The update-norm bound with a bounded-growth reference (module docstring).
+
+    Parameters
+    ----------
+    factor : float (default: 1000.0)
+        ``K``: an accepted update is at most ``K`` times the reference; 0 turns the bound off.
+    growth : float (default: 2.0)
+        ``g``: the reference grows by at most this factor per round (>= 1).
+    """
+
+    def __init__(self, factor: float = 1000.0, growth: float = 2.0) -> None:
+        if not (factor == 0 or factor >= 1):
+            raise ValueError(f"max_update_norm = {factor}: must be 0 (off) or >= 1")
+        if not growth >= 1:
+            raise ValueError(f"update_norm_growth = {growth}: must be >= 1")
+        self.factor, self.growth = factor, growth
+        #: the reference per reply kind (True: returned weights; False: vectors)
+        self.reference: dict[bool, float] = {}
+
+    def bound(self, norms: Sequence[float], kind: bool, scale: float) -> float:
+        """This round's bound on update norms; moves the reference of ``kind`` first
+        (``scale``: ``S``, the floor of a reference not yet seeded)."""
+        reference = self.reference.get(kind)
+        if reference is None:  # not seeded: S / K, or the first multi-reply round's median
+            reference = scale / self.factor
+            if len(norms) >= 2:
+                self.reference[kind] = reference = max(reference, lower_median(norms))
+        elif len(norms) >= 2:
+            reference = max(reference, min(lower_median(norms), self.growth * reference))
+            self.reference[kind] = reference
+        return self.factor * reference
+
+
+class ClaimBound:
+    """The ``num-examples`` checks (module docstring)."""
+
+    def __init__(self, max_num_examples: int = 0, factor: float = NUM_EXAMPLES_FACTOR) -> None:
+        if max_num_examples < 0:
+            raise ValueError(f"max_num_examples = {max_num_examples}: must be >= 0")
+        self.max_num_examples, self.factor = max_num_examples, factor
+        self.claimed: dict[int, float] = {}  # node id -> its first accepted claim
+
+    def problem(self, node: int, claimed: float, known: Mapping[int, float]) -> str:
+        """Why one claim is not believed ('' if it is): above the cap, or not what the node
+        reported (``known``: start-up sizes, else its first accepted claim)."""
+        if self.max_num_examples and claimed > self.max_num_examples:
+            return f"num-examples {claimed:g} above max-num-examples {self.max_num_examples}"
+        first = known.get(node, self.claimed.get(node))
+        if first is not None and claimed != first:
+            return f"num-examples {claimed:g} differs from the {first:g} this node reported"
+        return ""
+
+    def outliers(self, claims: Mapping[int, float], known: Mapping[int, float]) -> dict[int, str]:
+        """The round's claims (node -> claim) above ``factor`` x the lower median of every
+        node's known claim and this round's (without ``max_num_examples``), with reasons."""
+        if self.max_num_examples or not claims:
+            return {}
+        pool = {**self.claimed, **known}
+        pool.update({n: c for n, c in claims.items() if n not in pool})
+        cap = self.factor * lower_median(list(pool.values()))
+        return {
+            n: f"num-examples {c:g} > {self.factor:g} x the known claims' lower median"
+            for n, c in claims.items()
+            if c > cap
+        }
+
+
+class ReplyChecks:
+    """Mixin of ``PersonalizedStrategy``: checks replies, drops and counts bad ones, bounds
+    the rest. It expects ``_asked``, ``_sent``, ``_current``, ``reply_key``,
+    ``extra_reply_keys``, ``num_train_of``, ``_log(round)`` and ``pretraining(round)``, and
+    keeps its own state in ``norm_bound``, ``claims``, ``value_drops`` and ``failed_rounds``."""
+
+    norm_bound: UpdateNormBound
+    claims: ClaimBound
+    max_failed_rounds: int
+
+    def init_checks(
+        self,
+        max_update_norm: float,
+        update_norm_growth: float,
+        max_num_examples: int,
+        max_failed_rounds: int,
+    ) -> None:
+        if max_failed_rounds < 0:
+            raise ValueError(f"max_failed_rounds = {max_failed_rounds}: must be >= 0 (0: off)")
+        self.norm_bound = UpdateNormBound(max_update_norm, update_norm_growth)
+        self.claims = ClaimBound(max_num_examples)
+        self.max_failed_rounds = max_failed_rounds
+        self.failed_rounds = 0  # consecutive training rounds that applied no reply
+        self.value_drops: dict[int, int] = {}  # node -> consecutive rounds of value drops
+        self._round_value_drops: set[int] = set()
+
+    # checkpointed state (``pflower.checkpoint``) under the names it always had
+    @property
+    def update_norm_reference(self) -> dict[bool, float]:
+        return self.norm_bound.reference
+
+    @update_norm_reference.setter
+    def update_norm_reference(self, value: dict[bool, float]) -> None:
+        self.norm_bound.reference = dict(value)
+
+    @property
+    def claimed_num_examples(self) -> dict[int, float]:
+        return self.claims.claimed
+
+    @claimed_num_examples.setter
+    def claimed_num_examples(self, value: dict[int, float]) -> None:
+        self.claims.claimed = dict(value)
+
+    # --- who sent what -------------------------------------------------------------------
+    def _count_silent(self, server_round: int, replies: list[Message]) -> None:
+        """Count as dropped the nodes asked this round that sent nothing back (Flower's
+        grid returns only the replies that arrived within ``timeout``)."""
+        answered = {self.sender(msg) for msg in replies}
+        for node in sorted(self._asked - answered):
+            self._drop(server_round, node, "no reply within the round timeout")
+
+    def sender(self, msg: Message) -> int:
+        """The node a reply comes from. For a node that died Flower's SuperLink answers
+        itself (an error reply whose source is the SuperLink, node id 1); the reply names the
+        message it answers, and that message's destination is the node."""
+        node = msg.metadata.src_node_id
+        if node in self._asked:
+            return node
+        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
+        return sent.get(msg.metadata.reply_to_message_id, node)
+
+    def _drop(self, server_round: int, node_id: int, reason: str) -> None:
+        dropped = self._log(server_round).dropped
+        dropped[reason] = dropped.get(reason, 0) + 1
+        if reason.startswith(VALUE_REASONS):
+            self._round_value_drops.add(node_id)
+        log.warning("round %d: dropped the reply of node %d: %s", server_round, node_id, reason)
+
+    def _metrics(self, server_round: int, msg: Message, required: Iterable[str]) -> dict | None:
+        """The reply's single MetricRecord as a dict, or None (and a drop) if malformed. A
+        client that refused the handshake is counted as ``config mismatch``."""
+        node = self.sender(msg)
+        if msg.has_error():
+            reason = str(msg.error.reason)
+            if CONFIG_MISMATCH in reason:  # the client's own words follow the count's key
+                reason = reason[reason.index(CONFIG_MISMATCH) :].rstrip("'>\"")
+                self._drop(server_round, node, reason)
+            else:
+                self._drop(server_round, node, f"client error: {reason}")
+            return None
+        records = msg.content.metric_records
+        if len(records) != 1:
+            self._drop(server_round, node, f"expected one MetricRecord, got {len(records)}")
+            return None
+        metrics = dict(next(iter(records.values())))
+        problem = metrics_problem(metrics, tuple(required))
+        if problem:
+            self._drop(server_round, node, problem)
+            return None
+        return metrics
+
+    # --- training replies ----------------------------------------------------------------
+    def check_train_replies(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> list[ClientUpdate]:
+        """Keep well-formed replies; drop and count the others."""
+        self._round_value_drops = set()
+        pretraining = self.pretraining(server_round)
+        reply_key = ARRAYS if pretraining else self.reply_key
+        keys = {reply_key, *(() if pretraining else self.extra_reply_keys)}
+        expected = {k: (tuple(a.shape), a.dtype) for k, a in self._current.items()}
+        updates = []
+        for msg in replies:
+            metrics = self._metrics(server_round, msg, [NUM_EXAMPLES])
+            if metrics is None:
+                continue
+            node = self.sender(msg)
+            problem = self.claims.problem(node, metrics[NUM_EXAMPLES], self.num_train_of)
+            if problem:
+                self._drop(server_round, node, problem)
+                continue
+            records = msg.content.array_records
+            if set(records) != keys:
+                self._drop(
+                    server_round, node, f"expected records {sorted(keys)}, got {sorted(records)}"
+                )
+                continue
+            checked: dict[str, dict[str, np.ndarray]] = {}
+            for key in sorted(keys):  # the first bad record drops the reply, counted once
+                tensors = self._check_record(server_round, node, records[key], expected)
+                if tensors is None:
+                    break
+                checked[key] = tensors
+            if len(checked) != len(keys):
+                continue
+            tensors = checked.pop(reply_key)
+            updates.append(ClientUpdate(node, tensors, metrics, checked))
+        return updates
+
+    def _check_record(self, server_round, node, record: ArrayRecord, expected) -> dict | None:
+        """The record's tensors, or None (and a drop) if its names, shapes, dtypes or
+        values are not those of finite shared parameters."""
+        problem = layout_problem(record, expected)
+        if problem:
+            self._drop(server_round, node, problem)
+            return None
+        tensors = {k: array_view(a) for k, a in record.items()}  # views: no second copy
+        if not all(np.isfinite(t).all() for t in tensors.values()):
+            self._drop(server_round, node, "non-finite values")
+            return None
+        return tensors
+
+    def bound_updates(
+        self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
+    ) -> list[ClientUpdate]:
+        """Drop (and count) the replies whose ``num-examples`` is far above the known claims
+        (``ClaimBound``) or whose update norm exceeds the bound (``UpdateNormBound``), at
+        every round size; the claims of the replies kept become their nodes' claims."""
+        outliers = self.claims.outliers(
+            {u.node_id: u.num_examples for u in updates}, self.num_train_of
+        )
+        for u in updates:
+            if u.node_id in outliers:
+                self._drop(server_round, u.node_id, outliers[u.node_id])
+        updates = [u for u in updates if u.node_id not in outliers]
+        if self.norm_bound.factor and updates:
+            updates = self._bound_norms(server_round, current, updates)
+        for u in updates:
+            self.claims.claimed.setdefault(u.node_id, u.num_examples)
+        return updates
+
+    def _bound_norms(self, server_round, current, updates: list[ClientUpdate]):
+        weights = self.pretraining(server_round) or self.reply_key == ARRAYS
+        norms = update_norms(current, updates, weights)
+        gradient = not weights and self.reply_key == GRADIENT
+        scale = provisional_scale(current, self.client_lr(server_round) if gradient else None)
+        bound = self.norm_bound.bound(norms, weights, scale)
+        kept = []
+        for u, size in zip(updates, norms):
+            if size > bound:
+                self._drop(
+                    server_round,
+                    u.node_id,
+                    f"update norm {size:.3g} > max-update-norm x reference = {bound:.3g}",
+                )
+            else:
+                kept.append(u)
+        return kept
+
+    def client_lr(self, server_round: int) -> float:
+        """The client learning rate of a round (the provisional scale of gradients)."""
+        return float(self.schedule(server_round)["lr"])
+
+    # --- what a round's outcome means for the run ------------------------------------------
+    def settle_round(self, server_round: int, applied: int) -> None:
+        """After a training round: track the nodes whose replies keep being dropped for their
+        values (``personal_reset_nodes``) and count the consecutive rounds that applied
+        nothing (``count_round``)."""
+        self.track_value_drops()
+        self.count_round(server_round, applied)
+
+    def track_value_drops(self) -> None:
+        """Per node asked: one more consecutive round of value drops, or none."""
+        for node in self._asked:
+            if node in self._round_value_drops:
+                self.value_drops[node] = self.value_drops.get(node, 0) + 1
+            else:
+                self.value_drops.pop(node, None)
+
+    def count_round(self, server_round: int, applied: int) -> None:
+        """Raise ``RunFailed`` after ``max_failed_rounds`` consecutive rounds that applied
+        no reply, listing the last one's drop reasons."""
+        self.failed_rounds = 0 if applied else self.failed_rounds + 1
+        if self.max_failed_rounds and self.failed_rounds >= self.max_failed_rounds:
+            dropped = self._log(server_round).dropped
+            reasons = "; ".join(f"{n} x {r}" for r, n in sorted(dropped.items())) or "none"
+            raise RunFailed(
+                f"{self.failed_rounds} consecutive training rounds applied no reply (key "
+                f"'max-failed-rounds' = {self.max_failed_rounds}); round {server_round}'s "
+                f"drops: {reasons}"
+            )
+
+    def personal_reset_nodes(self) -> set[int]:
+        """Nodes whose replies were dropped for their values in ``RESET_AFTER`` consecutive
+        training rounds: their next training message carries ``personal-reset``."""
+        return {n for n, k in self.value_drops.items() if k >= RESET_AFTER}

@@ -1,0 +1,389 @@
+"""Bounds an adversary cannot walk around (``pflower.strategies.checks``): the update-norm
+and claim bounds at every round size, a reference that grows at most ``g`` per round, the
+robust rule in every phase, rule preconditions checked each round, the handshake, rounds
+that apply nothing, and a node kept out by its own state brought back.
+
+The adversaries adapt: they pick *when* (1-, 2-, 3-reply rounds, pre-training, after drops)
+and *how much* (growing, just below the bound, lying from the first reply). Each test states
+the guarantee it checks against numbers computed here, not by the code under test."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.clientapp import ClientApp
+from test_bad_clients import RUN  # digits, MLP, 2 rounds, every node every round
+
+from pflower.client_app import build_client_app
+from pflower.config import Config
+from pflower.experiments.local_grid import LocalGrid, run_local
+from pflower.server_app import run as run_on
+from pflower.strategies import FedAvg, build_run_model, wire_split
+from pflower.strategies.aggregators import Krum, Mean, make_aggregator
+from pflower.strategies.checks import (
+    ClaimBound,
+    RunFailed,
+    UpdateNormBound,
+    lower_median,
+)
+from pflower.strategies.robust_fedavg import RobustFedAvg
+from pflower.strategies.server import PersonalizedStrategy, RoundSkipped
+from pflower.task.split import get_tensors
+from pflower.wire import ClientUpdate
+
+#: the four kinds of reply the bounds see: weights (FedAvg), weights under server Adam
+#: (FedAlt), gradients under server SGD (FFGG) and gradients under server Adam (PFLEGO)
+ALGORITHMS = {
+    "fedavg": {"algorithm": "fedavg"},
+    "fedalt-adam": {"algorithm": "fedalt", "server-optimizer": "adam", "server-lr": 0.01},
+    "ffgg": {"algorithm": "ffgg"},
+    "pflego": {"algorithm": "pflego"},
+}
+REPLY_KEYS = ("arrays", "delta", "gradient")
+
+
+def attacking_app(overrides, attack=None, received=None, claim=None) -> ClientApp:
+    """pflower's ClientApp; ``attack(pid, round, update) -> update or None`` may replace a
+    training reply's *update* (``theta - w`` for returned weights, else the vector) by
+    another, as an adversary who knows the model it was sent would; ``claim(pid, n)`` may
+    replace its ``num-examples``. ``received`` collects (pid, round, config) of every
+    training message."""
+    honest = build_client_app(overrides)
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config["partition-id"])
+        rnd = int(msg.content["config"]["server-round"])
+        if received is not None:
+            received.append((pid, rnd, dict(msg.content["config"])))
+        reply = honest(msg, context)
+        if reply.has_error():
+            return reply
+        key = next(k for k in REPLY_KEYS if k in reply.content)
+        weights = key == "arrays"
+        sent = {k: a.numpy() for k, a in msg.content["arrays"].items()}
+        vector = {
+            k: (sent[k] - a.numpy()) if weights else a.numpy()
+            for k, a in reply.content[key].items()
+        }
+        if claim is not None:
+            metrics = reply.content["metrics"]
+            metrics["num-examples"] = claim(pid, int(metrics["num-examples"]))
+        new = attack(pid, rnd, vector) if attack is not None else None
+        if new is not None:
+            reply.content[key] = ArrayRecord(
+                {
+                    k: Array(((sent[k] - v) if weights else v).astype(vector[k].dtype))
+                    for k, v in new.items()
+                }
+            )
+        return reply
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        return honest(msg, context)
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        return honest(msg, context)
+
+    return app
+
+
+def scaled(factor_of_round, who=(0,)):
+    """An attack: node(s) ``who`` multiply their honest update by ``factor_of_round(r)``."""
+
+    def attack(pid, rnd, vector):
+        if pid in who:
+            return {k: factor_of_round(rnd) * v for k, v in vector.items()}
+        return None
+
+    return attack
+
+
+def drops(report, text: str) -> int:
+    return sum(n for e in report.rounds for r, n in e.dropped.items() if text in r)
+
+
+def norm(tensors) -> float:
+    return float(np.sqrt(sum(np.square(np.asarray(v, np.float64)).sum() for v in tensors.values())))
+
+
+# --- the statistics and the bounds, against numbers computed here -------------------------
+def test_the_lower_median_is_honest_with_a_byzantine_minority_and_the_mean_median_is_not():
+    rng = random.Random(0)
+    for _ in range(2000):
+        n = rng.randint(1, 9)
+        f = rng.randint(0, n // 2)
+        honest = [rng.uniform(0.1, 2.0) for _ in range(n - f)]
+        byzantine = [rng.choice([0.0, 1e-12, 1e30, rng.uniform(0, 1e6)]) for _ in range(f)]
+        values = honest + byzantine
+        rng.shuffle(values)
+        assert lower_median(values) <= max(honest)
+    # the ordinary median of an even N (the mean of the middle two) is not: N = 2, f = 1
+    assert float(np.median([1.0, 1e30])) > 1.0 and lower_median([1.0, 1e30]) == 1.0
+
+
+def test_the_reference_grows_at_most_g_per_round_never_shrinks_and_ignores_lone_replies():
+    bound = UpdateNormBound(factor=1000.0, growth=2.0)
+    scale = 10.0  # S: the first rounds accept updates up to 10
+    assert bound.bound([7.0], True, scale) == pytest.approx(10.0)  # a lone reply: S, unseeded
+    assert bound.reference == {}
+    assert bound.bound([1e30], True, scale) == pytest.approx(10.0)  # a lone liar seeds nothing
+    # seeded by the first multi-reply round: max(S / K, lower median) = max(0.01, 0.6), the
+    # ceil(3 / 2) = 2nd smallest of three
+    assert bound.bound([0.5, 0.6, 1e30], True, scale) == pytest.approx(600.0)
+    references = [bound.reference[True]]
+    for _ in range(20):  # every reply huge, every round: R doubles, no faster
+        bound.bound([1e30, 1e30, 1e30], True, scale)
+        references.append(bound.reference[True])
+    ratios = np.array(references[1:]) / np.array(references[:-1])
+    assert np.allclose(ratios, 2.0)
+    top = bound.reference[True]
+    bound.bound([0.0, 1e-20, 1e-20], True, scale)  # tiny updates cannot pull it down
+    bound.bound([1e30], True, scale)  # nor can a lone reply move it
+    assert bound.reference[True] == top
+    assert bound.reference.get(False) is None  # each reply kind has its own
+
+
+def test_a_byzantine_minority_cannot_raise_the_reference_above_the_honest_norms():
+    rng = random.Random(1)
+    bound = UpdateNormBound(factor=1000.0, growth=2.0)
+    largest_honest = 0.0
+    for _ in range(300):  # rounds of 1 to 7 replies, up to floor(N/2) of them Byzantine
+        n = rng.randint(1, 7)
+        f = rng.randint(0, n // 2)
+        honest = [rng.uniform(0.5, 1.5) for _ in range(n - f)]
+        largest_honest = max([largest_honest, *honest])
+        bound.bound(honest + [1e30] * f, False, scale=1.0)
+        assert bound.reference.get(False, 0.0) <= max(1.0 / 1000, largest_honest)
+
+
+def test_a_claim_far_above_the_known_ones_is_refused_even_in_a_two_reply_round():
+    claims = ClaimBound()
+    # the first round: two replies, the liar's claim 1e6 x the honest one
+    assert set(claims.outliers({1: 90.0, 2: 9e7}, {})) == {2}
+    claims.claimed[1] = 90.0
+    # later: a newcomer within 100 x the known claims' lower median passes, a liar does not
+    assert claims.outliers({3: 8000.0}, {}) == {}
+    assert set(claims.outliers({4: 9001.0 * 10}, {})) == {4}
+    # honest heterogeneity well inside the factor: nobody dropped
+    assert claims.outliers({5: 10.0, 6: 900.0}, {}) == {}
+
+
+def test_multi_krum_refuses_m_above_n_minus_f_on_every_call():
+    X = torch.randn(5, 3)
+    with pytest.raises(ValueError, match="m must be at most N - f = 4"):
+        Krum(m=5)(X, 1)
+    Krum(m=4)(X, 1)  # m = N - f: fine
+
+
+def test_a_round_that_cannot_tolerate_f_is_skipped_not_weakened():
+    strategy = FedAvg(robust=make_aggregator("median"), byzantine=2)
+    updates = [{"w": np.array([float(i)])} for i in range(4)]  # median tolerates 1 of 4
+    with pytest.raises(RoundSkipped, match="tolerates at most 1 Byzantine, not 2"):
+        strategy.combine(updates, [1.0] * 4)
+    assert strategy.combine(updates + [{"w": np.array([9.0])}], [1.0] * 5)["w"][0] == 2.0
+
+
+# --- adaptive adversaries against whole runs ------------------------------------------------
+@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_small_rounds_are_bounded(algorithm, nodes):
+    """1- and 2-reply rounds: node 0 multiplies its honest update by 1e6 (finite, so only
+    the bound stands in its way). Dropped in every round, before a reference exists too;
+    the run equals the one in which node 0 never answers (PFLEGO: its server Adam never
+    sees the huge gradient)."""
+    run = {**RUN, **ALGORITHMS[algorithm]}
+    bad = run_local(run, nodes, client_app=attacking_app(run, scaled(lambda r: 1e6)))
+    silent = run_on(
+        LocalGrid(build_client_app(run), nodes, silent=[0]), Config.from_run_config(run)
+    )
+    assert drops(bad, "update norm") == 2  # once per round
+    if nodes == 1 or algorithm != "pflego":  # PFLEGO's alpha counts the nodes that answer
+        assert all(np.array_equal(bad.shared[k], silent.shared[k]) for k in bad.shared)
+    else:
+        assert max(float(np.abs(v).max()) for v in bad.shared.values()) < 10
+
+
+def test_a_growing_attacker_cannot_walk_the_reference_up(monkeypatch):
+    """No robust rule; node 0's update grows x3 per round from 1 x its honest one. Each
+    round the reference grows at most 2x, so the attacker is dropped once it outgrows it,
+    and every round's step is at most that round's bound (a mean of updates within it)."""
+    rounds = []
+    real = UpdateNormBound.bound
+
+    def recording(self, norms, kind, scale):
+        out = real(self, norms, kind, scale)
+        rounds.append((list(norms), out))
+        return out
+
+    monkeypatch.setattr(UpdateNormBound, "bound", recording)
+    thetas = []
+    real_bound_updates = PersonalizedStrategy.bound_updates
+
+    def keep_theta(self, server_round, current, updates):
+        thetas.append({k: v.copy() for k, v in current.items()})
+        return real_bound_updates(self, server_round, current, updates)
+
+    monkeypatch.setattr(PersonalizedStrategy, "bound_updates", keep_theta)
+    run = {**RUN, "algorithm": "fedavg", "num-server-rounds": 10, "evaluate-every": 10}
+    report = run_local(run, 5, client_app=attacking_app(run, scaled(lambda r: 3.0 ** (r - 1))))
+    thetas.append(report.shared)
+    bounds = [b for _, b in rounds]
+    assert all(b2 <= 2 * b1 * (1 + 1e-12) for b1, b2 in zip(bounds[1:], bounds[2:]))
+    for (_, bound), before, after in zip(rounds, thetas, thetas[1:]):
+        step = norm({k: after[k] - before[k] for k in before})
+        assert step <= bound * (1 + 1e-6)
+    # the attacker (node 0: the largest norm from round 3 on) ends up dropped every round
+    assert drops(report, "update norm") >= 3
+    honest_medians = [sorted(n)[len(n) // 2 - 1] for n, _ in rounds]  # 4 honest of 5
+    assert max(b / m for b, m in zip(bounds, honest_medians)) <= 1000 * 2
+
+
+def test_a_lie_about_num_examples_from_the_first_reply_of_a_two_node_federation():
+    """Node 0 claims 1e6 x its examples from its very first reply, in 2-reply rounds: it
+    meets the other node's claim, not its own, and is dropped every round."""
+    run = {**RUN, "algorithm": "fedavg"}
+
+    app = attacking_app(run, claim=lambda pid, n: n * 10**6 if pid == 0 else n)
+    bad = run_local(run, 2, client_app=app)
+    silent = run_on(LocalGrid(build_client_app(run), 2, silent=[0]), Config.from_run_config(run))
+    assert drops(bad, "known claims") == 2
+    assert all(np.array_equal(bad.shared[k], silent.shared[k]) for k in bad.shared)
+
+
+def test_byzantine_clients_during_pretraining_meet_the_robust_rule():
+    """Two sign-flip (x4) clients of 7 in the FedAvg pre-training rounds: with Krum (f = 2)
+    the model pre-trains as the clean run does; without a rule it does not (so the test
+    can tell). Every round of the run is pre-training here."""
+    run = {
+        **RUN,
+        "algorithm": "fedalt",
+        "pretrain-rounds": 4,
+        "num-server-rounds": 5,
+        "evaluate-every": 5,
+    }
+    flip = scaled(lambda r: -4.0 if r <= 4 else 1.0, who=(0, 1))
+    clean = run_local(run, 7)
+    robust = {**run, "robust-aggregator": "krum", "robust-byzantine": 2}
+    defended = run_local(robust, 7, client_app=attacking_app(robust, flip))
+    attacked = run_local(run, 7, client_app=attacking_app(run, flip))
+    accuracy = "global-accuracy"
+    assert defended.final[accuracy] >= clean.final[accuracy] - 0.05
+    assert attacked.final[accuracy] < clean.final[accuracy] - 0.1
+
+
+def test_an_outlier_under_multi_krum_after_drops_is_never_averaged_in():
+    """Multi-Krum m = 5, f = 1 over 6 nodes; node 0 sends NaN (dropped), which leaves 5
+    replies: m > N - f, so the round is skipped and counted, and node 1's 50x outlier is
+    never averaged in (before: the rule ran on all 5)."""
+    run = {
+        **RUN,
+        "algorithm": "ffgg",
+        "robust-aggregator": "multi-krum",
+        "robust-krum-m": 5,
+        "robust-byzantine": 1,
+    }
+
+    def attack(pid, rnd, vector):
+        if pid == 0:
+            return {k: np.full_like(v, np.nan) for k, v in vector.items()}
+        if pid == 1:
+            return {k: 50.0 * v for k, v in vector.items()}
+        return None
+
+    report = run_local(run, 6, client_app=attacking_app(run, attack))
+    assert [e.train.get("skipped") for e in report.rounds if e.train] == [1, 1]
+    cfg = Config.from_run_config(run)  # the initial model, as the server builds it
+    torch.manual_seed(cfg.seed)
+    model = build_run_model(cfg)
+    initial = get_tensors(model, wire_split(model, cfg).shared)
+    assert all(np.array_equal(report.shared[k], initial[k].numpy()) for k in initial)
+
+
+@pytest.mark.parametrize(
+    "client_keys, reason",
+    [
+        ({"algorithm": "fedsim"}, "the server runs algorithm 'fedalt', this client 'fedsim'"),
+        ({"seed": 1}, "client settings (fingerprint"),
+    ],
+)
+def test_a_mismatched_client_is_counted_and_the_run_stops(client_keys, reason):
+    """Server FedAlt; clients of another algorithm, or another seed: each reply is counted as
+    a config mismatch naming both sides, and after max-failed-rounds the run stops."""
+    run = {**RUN, "algorithm": "fedalt", "num-server-rounds": 5, "max-failed-rounds": 3}
+    grid = LocalGrid(build_client_app({**run, **client_keys}), 3)
+    strategy_failed = pytest.raises(RunFailed, match="3 consecutive training rounds")
+    with strategy_failed as failed:
+        run_on(grid, Config.from_run_config(run))
+    assert "config mismatch" in str(failed.value) and reason in str(failed.value)
+
+
+def test_a_run_whose_every_reply_is_dropped_stops_with_the_reasons():
+    run = {**RUN, "algorithm": "fedavg", "lr": 1e30, "num-server-rounds": 4}
+    run["max-failed-rounds"] = 2
+    with pytest.raises(RunFailed, match="2 consecutive .* non-finite values"):
+        run_local(run, 3)
+
+
+def test_a_node_dropped_for_its_values_twice_is_sent_personal_reset_and_recovers():
+    """Node 0's replies are huge in rounds 1-2 (as its own poisoned state would make them):
+    dropped twice, its round-3 message carries personal-reset, nobody else's does, and once
+    its reply is sane again it is applied and no longer reset."""
+    received: list = []
+    run = {**RUN, "algorithm": "fedalt", "num-server-rounds": 5, "evaluate-every": 5}
+    app = attacking_app(run, scaled(lambda r: 1e6 if r <= 2 else 1.0), received)
+    report = run_local(run, 3, client_app=app)
+    resets = sorted((pid, rnd) for pid, rnd, cfg in received if cfg.get("personal-reset"))
+    assert resets == [(0, 3)]
+    assert drops(report, "update norm") == 2
+    assert [e.train["applied"] for e in report.rounds if e.train][2:] == [3, 3, 3]
+
+
+def test_robust_fedavg_counts_timeouts_and_keeps_the_last_good_model():
+    """A plain Flower project: one node never answers (counted), and when no round can
+    aggregate (every reply bad) the result is the initial model, not an empty one."""
+    from test_robust_fedavg import quickstart_app
+
+    start = ArrayRecord({"w": Array(np.full(4, 5.0, np.float32))})
+    strategy = RobustFedAvg(aggregator=make_aggregator("median"), fraction_train=1.0)
+    grid = LocalGrid(quickstart_app({}), 4, silent=[3])
+    strategy.start(grid=grid, initial_arrays=start, num_rounds=2, timeout=5)
+    assert strategy.dropped["no reply within the round timeout"] == 2
+    nothing = RobustFedAvg(aggregator=make_aggregator("median"), fraction_train=1.0)
+    grid = LocalGrid(quickstart_app({i: "nan" for i in range(4)}), 4)
+    result = nothing.start(grid=grid, initial_arrays=start, num_rounds=2)
+    np.testing.assert_array_equal(result.arrays["w"].numpy(), np.full(4, 5.0, np.float32))
+
+
+def test_robust_fedavg_bounds_a_lone_huge_reply():
+    """RobustFedAvg with the mean, 2 nodes, one sending 1e6: dropped by the norm bound from
+    the first round (S = ||w|| = 10), so the model follows the honest node only."""
+    from test_robust_fedavg import TARGETS, quickstart_app
+
+    start = ArrayRecord({"w": Array(np.full(4, 5.0, np.float32))})
+    strategy = RobustFedAvg(aggregator=Mean(), fraction_train=1.0)
+    result = strategy.start(
+        grid=LocalGrid(quickstart_app({0: "huge"}), 2), initial_arrays=start, num_rounds=1
+    )
+    assert sum(n for r, n in strategy.dropped.items() if "update norm" in r) == 1
+    # node 1 alone: w <- w - 0.5 (w - t_1), t_1 = TARGETS[1]
+    np.testing.assert_allclose(result.arrays["w"].numpy(), 5.0 - 0.5 * (5.0 - TARGETS[1]))
+
+
+def test_client_update_norms_in_the_bound_are_those_computed_here():
+    """The norm the bound compares is the update's: ``theta - w`` for weights, the vector
+    otherwise (a reply of weights equal to theta has norm 0, not ||theta||)."""
+    from pflower.strategies.checks import update_norms
+
+    current = {"a": np.array([3.0, 4.0]), "b": np.array([[12.0]])}
+    same = ClientUpdate(1, {k: v.copy() for k, v in current.items()}, {"num-examples": 1})
+    other = ClientUpdate(2, {"a": np.zeros(2), "b": np.zeros((1, 1))}, {"num-examples": 1})
+    assert list(update_norms(current, [same, other], weights=True)) == [0.0, 13.0]
+    assert list(update_norms(current, [same], weights=False)) == [13.0]
