@@ -77,6 +77,10 @@ def run(grid: Grid, cfg: Config, out: Path | None = None) -> report.RunReport:
         "on the wire: %d of %d parameters", split.num_shared, split.num_shared + split.num_personal
     )
     strategy = make_strategy(cfg, split.shared)
+    if cfg.attack_simulation:  # robustness experiments: the server simulates ALIE / IPM
+        from pflower.experiments.attacks import simulate_omniscient
+
+        strategy.attack_simulation = simulate_omniscient
     # With FedAvg pre-training the whole model travels first; the strategy splits it after.
     initial = [n for n, _ in model.named_parameters()] if cfg.pretrain_rounds else split.shared
     tensors = get_tensors(model, initial)

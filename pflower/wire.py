@@ -35,6 +35,9 @@ RUN_TAG = "run-tag"
 #: else raises ``ConfigMismatch`` and the server counts the reply as a ``config mismatch``
 ALGORITHM, SETTINGS_FINGERPRINT = "algorithm", "settings-fingerprint"
 CONFIG_MISMATCH = "config mismatch"
+#: metric by which a node of a robustness experiment asks the server to simulate the
+#: omniscient adversary (ALIE / IPM) in its place; a server not told to drops such a reply
+OMNISCIENT_TAG = "byzantine-omniscient"
 #: true in a node's training message after its replies were dropped for their values in
 #: consecutive rounds: the node starts this round from its personal init, not its stored state
 PERSONAL_RESET = "personal-reset"

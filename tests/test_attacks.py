@@ -151,7 +151,8 @@ def test_server_replaces_tagged_replies_in_update_space(returns_weights):
     from pflower.strategies.fedavg import FedAvg
     from pflower.strategies.ffgg import FFGG
 
-    strategy = (FedAvg if returns_weights else FFGG)(attack_simulation=True)
+    simulation = attacks.simulate_omniscient
+    strategy = (FedAvg if returns_weights else FFGG)(attack_simulation=simulation)
     current = {"w": np.asarray([10.0, 10.0], np.float32)}
     honest = [[1.0, 2.0], [3.0, 2.0], [5.0, 8.0]]  # updates u_i
     sent = [(np.subtract(current["w"], u) if returns_weights else u) for u in honest]

@@ -47,9 +47,10 @@ REPLY_KEYS = ("arrays", "delta", "gradient")
 
 
 def attacking_app(overrides, attack=None, received=None, claim=None) -> ClientApp:
-    """pflower's ClientApp; ``attack(pid, round, update) -> update or None`` may replace a
-    training reply's *update* (``theta - w`` for returned weights, else the vector) by
-    another, as an adversary who knows the model it was sent would; ``claim(pid, n)`` may
+    """pflower's ClientApp; ``attack(pid, round, update, sent) -> update or None`` may
+    replace a training reply's *update* (``theta - w`` for returned weights, else the vector)
+    by another, as an adversary who knows the model it was ``sent`` and the message's config
+    (``sent["config"]``) would; ``claim(pid, n)`` may
     replace its ``num-examples``. ``received`` collects (pid, round, config) of every
     training message."""
     honest = build_client_app(overrides)
@@ -74,7 +75,8 @@ def attacking_app(overrides, attack=None, received=None, claim=None) -> ClientAp
         if claim is not None:
             metrics = reply.content["metrics"]
             metrics["num-examples"] = claim(pid, int(metrics["num-examples"]))
-        new = attack(pid, rnd, vector) if attack is not None else None
+        sent_to_it = {**sent, "config": dict(msg.content["config"])}
+        new = attack(pid, rnd, vector, sent_to_it) if attack is not None else None
         if new is not None:
             reply.content[key] = ArrayRecord(
                 {
@@ -98,7 +100,7 @@ def attacking_app(overrides, attack=None, received=None, claim=None) -> ClientAp
 def scaled(factor_of_round, who=(0,)):
     """An attack: node(s) ``who`` multiply their honest update by ``factor_of_round(r)``."""
 
-    def attack(pid, rnd, vector):
+    def attack(pid, rnd, vector, sent):
         if pid in who:
             return {k: factor_of_round(rnd) * v for k, v in vector.items()}
         return None
@@ -192,10 +194,10 @@ def test_a_round_that_cannot_tolerate_f_is_skipped_not_weakened():
 
 
 # --- adaptive adversaries against whole runs ------------------------------------------------
-@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize("nodes", [1, 2, 3])
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))
 def test_small_rounds_are_bounded(algorithm, nodes):
-    """1- and 2-reply rounds: node 0 multiplies its honest update by 1e6 (finite, so only
+    """1-, 2- and 3-reply rounds: node 0 multiplies its honest update by 1e6 (finite, so only
     the bound stands in its way). Dropped in every round, before a reference exists too;
     the run equals the one in which node 0 never answers (PFLEGO: its server Adam never
     sees the huge gradient)."""
@@ -209,6 +211,79 @@ def test_small_rounds_are_bounded(algorithm, nodes):
         assert all(np.array_equal(bad.shared[k], silent.shared[k]) for k in bad.shared)
     else:
         assert max(float(np.abs(v).max()) for v in bad.shared.values()) < 10
+
+
+def first_bound(sent: dict, adam_gradient: bool) -> float:
+    """The bound before a reference exists, as an attacker who read checks.py computes it:
+    S = max(||theta||, 0.1 sqrt(d)), over the message's lr for gradients under server Adam
+    (server SGD at lr 1 otherwise, as in these runs)."""
+    theta = {k: v for k, v in sent.items() if k != "config"}
+    d = sum(np.asarray(v).size for v in theta.values())
+    scale = max(norm(theta), 0.1 * np.sqrt(d))
+    return scale / float(sent["config"]["lr"]) if adam_gradient else scale
+
+
+@pytest.mark.parametrize("robust", [False, True])
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_a_just_below_bound_attacker(monkeypatch, algorithm, robust):
+    """Node 0 of 5 sends, every round, an update of 0.99 x S, the bound before a reference
+    exists (it knows the rule), against the honest direction. It is accepted in round 1 (the
+    bound holds what it states, no less); without a robust rule the reference never exceeds
+    max(S / K, the largest honest norm) (a minority cannot raise it); with the coordinate
+    median (f = 1) nothing is dropped and every coordinate of every round's aggregate lies
+    within the honest updates' range."""
+    gradient = algorithm in ("ffgg", "pflego")
+    adam_gradient = algorithm == "pflego"
+
+    def attack(pid, rnd, vector, sent):
+        if pid != 0:
+            return None
+        target = 0.99 * first_bound(sent, adam_gradient)
+        return {k: -target / norm(vector) * v for k, v in vector.items()}
+
+    seen: list = []  # per round: the server's current theta, the replies kept, the aggregate
+    real_bound, real_combine = PersonalizedStrategy.bound_updates, PersonalizedStrategy.combine
+
+    def keep_updates(self, server_round, current, updates):
+        kept = real_bound(self, server_round, current, updates)
+        seen.append({"current": current, "kept": kept, "strategy": self})
+        return kept
+
+    def keep_combined(self, vectors, weights, center=None):
+        seen[-1]["out"] = out = real_combine(self, vectors, weights, center)
+        return out
+
+    monkeypatch.setattr(PersonalizedStrategy, "bound_updates", keep_updates)
+    monkeypatch.setattr(PersonalizedStrategy, "combine", keep_combined)
+    run = {**RUN, **ALGORITHMS[algorithm], "num-server-rounds": 3, "evaluate-every": 3}
+    if robust:
+        run.update({"robust-aggregator": "median", "robust-byzantine": 1})
+    report = run_local(run, 5, client_app=attacking_app(run, attack))
+    assert len(seen[0]["kept"]) == 5  # round 1: the attacker is inside the bound S
+    if robust:
+        assert drops(report, "update norm") == 0 and [len(r["kept"]) for r in seen] == [5] * 3
+    strategy = seen[-1]["strategy"]
+    honest_norms = []
+    for r in seen:
+        vectors = {
+            strategy.partition_of[u.node_id]: {
+                k: t if gradient else r["current"][k] - t for k, t in u.tensors.items()
+            }
+            for u in r["kept"]
+        }
+        honest = [v for p, v in vectors.items() if p != 0]
+        honest_norms += [norm(v) for v in honest]
+        if r is seen[0]:
+            assert norm(vectors[0]) > 5 * max(norm(v) for v in honest)  # a real outlier
+        if robust:
+            for k, out in r["out"].items():
+                low = np.min([h[k] for h in honest], axis=0)
+                high = np.max([h[k] for h in honest], axis=0)
+                assert np.all(out >= low - 1e-6) and np.all(out <= high + 1e-6)
+    if not robust:
+        first = {**seen[0]["current"], "config": {"lr": Config.from_run_config(run).lr}}
+        (reference,) = strategy.update_norm_reference.values()
+        assert reference <= max(first_bound(first, gradient) / 1000, max(honest_norms)) * (1 + 1e-9)
 
 
 def test_a_growing_attacker_cannot_walk_the_reference_up(monkeypatch):
@@ -291,7 +366,7 @@ def test_an_outlier_under_multi_krum_after_drops_is_never_averaged_in():
         "robust-byzantine": 1,
     }
 
-    def attack(pid, rnd, vector):
+    def attack(pid, rnd, vector, sent):
         if pid == 0:
             return {k: np.full_like(v, np.nan) for k, v in vector.items()}
         if pid == 1:

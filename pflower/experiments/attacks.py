@@ -24,11 +24,11 @@ adversary that sees every honest reply of the round; off by default):
   true mean negative when enough of them get through.
 
 Such a node trains honestly and tags its reply (metric ``byzantine-omniscient``); the strategy,
-built with ``attack_simulation=True`` (run config ``attack-simulation = true``), replaces the
-tagged replies with the attack vector computed from the untagged ones, in update space. Without
-it the node refuses to run: a real client cannot see the others' updates, and an ALIE node that
-silently behaved honestly would make a robustness table lie. Off by default: a node without
-``byzantine`` is honest.
+given ``attack_simulation=simulate_omniscient`` (the app does it for the run config
+``attack-simulation = true``), replaces the tagged replies with the attack vector computed
+from the untagged ones, in update space. Without it the node refuses to run: a real client
+cannot see the others' updates, and an ALIE node that silently behaved honestly would make a
+robustness table lie. Off by default: a node without ``byzantine`` is honest.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from flwr.app import Array, ArrayRecord
 from torch.utils.data import TensorDataset
 
 from pflower.strategies import aggregators
-from pflower.wire import ARRAYS, ClientUpdate
+from pflower.wire import ARRAYS, OMNISCIENT_TAG, ClientUpdate
 
 if TYPE_CHECKING:
     from pflower.config import Config
@@ -66,7 +66,7 @@ ATTACKS = (
 UPDATE_ATTACKS = ("sign-flip", "gaussian", "nan", "inf", "wrong-shape")
 #: attacks simulated on the server; the reply's metric OMNISCIENT_KEY names which
 OMNISCIENT = {"alie": 1, "ipm": 2}
-OMNISCIENT_KEY = "byzantine-omniscient"
+OMNISCIENT_KEY = OMNISCIENT_TAG  # the wire's: the server drops it without this module
 
 
 def attack_of(node_config: Mapping) -> str:

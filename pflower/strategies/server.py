@@ -22,6 +22,12 @@ Its pieces live in small modules: ``pflower.wire`` (keys, reply layout check), `
 (reply checks, bounds, handshake counting, failed rounds), ``history`` (round log, client
 summaries), ``combine`` (means, robust rules); the client
 side is ``client`` (``ClientJob``, ``ClientHalf``), which imports nothing from here.
+
+Why this module is over 400 lines: it is one class, the round loop whose methods Flower's
+``Strategy.start`` calls (configure / aggregate for training and evaluation, pre-training,
+the lifecycle); about 110 of its lines are the docstring of every constructor parameter
+(STYLE.md) and 100 their validation. Everything with a job of its own has left it (checks,
+combine, nodes, history, server_opt).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import random
 import time
 import uuid
 from abc import abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -68,6 +74,7 @@ from pflower.wire import (
     LR,
     LR_SCALE,
     NUM_EXAMPLES,
+    OMNISCIENT_TAG,
     PERSONAL_INIT,
     PERSONAL_RESET,
     PHASE,
@@ -173,10 +180,12 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         against the rule's breakdown point at the first round (the sample size) and in every
         round against the replies kept: a round that cannot tolerate f is skipped and
         counted (``skipped``), never combined with a smaller f.
-    attack_simulation : bool (default: False)
-        **Attack simulation, for robustness experiments only**: replies tagged by ALIE / IPM
-        nodes (``pflower.experiments.attacks``) are replaced by the omniscient adversary's vector,
-        computed from the round's honest replies. Off: tagged replies are dropped.
+    attack_simulation : callable or None (default: None)
+        **Attack simulation, for robustness experiments only**:
+        ``pflower.experiments.attacks.simulate_omniscient``, which replaces the replies tagged
+        by ALIE / IPM nodes by the omniscient adversary's vector, computed from the round's
+        honest replies. The app passes it with ``attack-simulation = true``; the strategies
+        never import experiment code. None: tagged replies are dropped.
     max_update_norm : float (default: 1000.0)
         ``K``: drop a training reply whose update (gradient, delta, or ``current - returned
         weights``) is longer than ``K`` times the reference ``R`` of its kind, at every round
@@ -233,7 +242,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         holdout_fraction: float = 0.0,
         robust: Aggregator | None = None,
         byzantine: int = 0,
-        attack_simulation: bool = False,
+        attack_simulation: Callable | None = None,
         max_update_norm: float = 1000.0,
         update_norm_growth: float = 2.0,
         max_num_examples: int = 0,
@@ -548,19 +557,24 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> list[ClientUpdate]:
         """Robustness experiments only: ALIE / IPM replies replaced by the omniscient
-        adversary's vector (``pflower.experiments.attacks.simulate_omniscient``). Imported
-        here, not at the top: the device path, which imports the strategies, carries no
-        experiment code."""
-        from pflower.experiments import attacks
-
-        return attacks.simulate_omniscient(
-            server_round,
-            current,
-            updates,
-            enabled=self.attack_simulation,
-            weights=self.pretraining(server_round) or self.reply_key == ARRAYS,
-            drop=self._drop,
-        )
+        adversary's vector (``attack_simulation``, passed in by the app: the strategies, which
+        the device path imports, import no experiment code); without it a tagged reply is
+        dropped."""
+        if self.attack_simulation is not None:
+            return self.attack_simulation(
+                server_round,
+                current,
+                updates,
+                enabled=True,
+                weights=self.pretraining(server_round) or self.reply_key == ARRAYS,
+                drop=self._drop,
+            )
+        for u in updates:
+            if OMNISCIENT_TAG in u.metrics:
+                self._drop(
+                    server_round, u.node_id, "omniscient-attack tag without attack-simulation"
+                )
+        return [u for u in updates if OMNISCIENT_TAG not in u.metrics]
 
     def pretrain_aggregate(
         self, current: dict[str, np.ndarray], updates: list[ClientUpdate]
@@ -680,7 +694,6 @@ def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> d
         "holdout_fraction": cfg.holdout_fraction,
         "robust": robust_aggregator(cfg),
         "byzantine": cfg.robust_byzantine,
-        "attack_simulation": cfg.attack_simulation,
         "max_update_norm": cfg.max_update_norm,
         "update_norm_growth": cfg.update_norm_growth,
         "max_num_examples": cfg.max_num_examples,
