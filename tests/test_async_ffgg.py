@@ -79,6 +79,9 @@ def test_staleness_and_steps_on_a_scripted_schedule(task_identity, max_staleness
         time_budget=2.0,  # ends the dropped case, whose 4th update never comes
         poll_interval=0.001,
         lr=0.1,
+        # all-ones gradients on an all-zero model: no model scale to bound them by (the
+        # bound has its own tests, tests/test_bounds.py); this test is about staleness
+        max_update_norm=0,
     )
     strategy.server_optimizer.lr = 1.0
     strategy.start(grid, ArrayRecord({"t": Array(np.zeros(3, np.float32))}), num_rounds=1)
