@@ -462,3 +462,20 @@ def test_client_update_norms_in_the_bound_are_those_computed_here():
     other = ClientUpdate(2, {"a": np.zeros(2), "b": np.zeros((1, 1))}, {"num-examples": 1})
     assert list(update_norms(current, [same, other], weights=True)) == [0.0, 13.0]
     assert list(update_norms(current, [same], weights=False)) == [13.0]
+
+
+def test_the_rule_is_checked_before_the_first_pretraining_round():
+    """The robust rule runs in pre-training too, so a rule that cannot tolerate f over the
+    sample is refused before the first training message, not after the pre-training."""
+    run = {
+        **RUN,
+        "algorithm": "fedalt",
+        "pretrain-rounds": 1,
+        "num-server-rounds": 2,
+        "robust-aggregator": "median",
+        "robust-byzantine": 1,
+    }
+    received: list = []
+    with pytest.raises(ValueError, match="median over 2 inputs tolerates at most 0"):
+        run_local(run, 2, client_app=attacking_app(run, received=received))
+    assert received == []

@@ -318,6 +318,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         #: (``context_store.ScopedStore``); a run resumed from a checkpoint keeps its tag
         self.run_tag = ""
         self._round_start = 0.0
+        self._robust_checked = False  # check_robust at the run's first training round
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, **kwargs):
@@ -330,6 +331,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         self.num_rounds = num_rounds
         self.history = []
         self.failed_rounds, self.value_drops = 0, {}
+        self._robust_checked = False
         self.run_tag = uuid.uuid4().hex[:12]
         resume = kwargs.pop("resume", None)  # a pflower.checkpoint.Checkpoint to continue
         if resume is not None:
@@ -475,8 +477,9 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             arrays = self._split_after_pretraining(arrays)
         self._current = arrays
         nodes = self.sample(grid, self.fraction_train, train=True)
-        if server_round == self.pretrain_rounds + 1:
+        if not self._robust_checked:  # the rule runs from the first round, pre-training too
             self.check_robust(len(nodes))
+            self._robust_checked = True
         log.info("round %d: training on %d nodes", server_round, len(nodes))
         self._asked = set(nodes)
         settings = {**dict(config), **self.train_config(server_round)}
