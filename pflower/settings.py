@@ -545,8 +545,9 @@ class RunSettings(Settings):
         alias="robust-byzantine",
         ge=0,
         description=(
-            "Byzantine clients per round to tolerate; refused at the first round if the rule's "
-            "breakdown point is lower"
+            "Byzantine clients per round to tolerate; refused before the first round if the "
+            "rule's breakdown point over the sample is lower, and a round whose replies kept "
+            "cannot meet it is skipped (counted), never combined with a smaller f"
         ),
     )
     robust_bucket_size: int = Field(
