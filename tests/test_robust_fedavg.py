@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
@@ -114,3 +114,113 @@ def test_a_round_with_too_few_replies_for_the_rule_is_skipped():
     w = run(strategy, {i: "nan" for i in range(6)}, rounds=2)
     np.testing.assert_array_equal(w, np.full(4, 5.0, np.float32))
     assert strategy.dropped == {"non-finite values": 12}
+
+
+# --- a drop-in for Flower's robust strategies (issue 31, item 6) -----------------------------
+#: a model with a 0-dim (scalar) parameter, a float64 and an integer tensor besides a matrix
+LAYOUT = {
+    "w": ((2, 3), np.float32),
+    "scale": ((), np.float32),
+    "bias": ((3,), np.float64),
+    "steps": ((), np.int64),
+}
+
+
+def _model(value: float) -> dict[str, np.ndarray]:
+    return {k: np.full(shape, value, dtype) for k, (shape, dtype) in LAYOUT.items()}
+
+
+def _replies(models, messages=None) -> list[Message]:
+    """Train replies carrying ``models`` (to ``messages``, or to messages never configured)."""
+    from flwr.app import MessageType
+
+    if messages is None:
+        messages = [
+            Message(RecordDict(), dst_node_id=100 + i, message_type=MessageType.TRAIN)
+            for i in range(len(models))
+        ]
+    return [
+        Message(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord({k: Array(np.asarray(v)) for k, v in m.items()}),
+                    "metrics": MetricRecord({"num-examples": 10}),
+                }
+            ),
+            reply_to=msg,
+        )
+        for m, msg in zip(models, messages)
+    ]
+
+
+RULES = ["mean", "median", "trimmed-mean", "krum", "multi-krum", "geometric-median",
+         "centered-clipping"]  # fmt: skip
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("configured", [True, False])
+def test_every_array_keeps_its_shape_and_dtype(rule, configured, task_identity):
+    """A scalar parameter comes back 0-dim (np.ascontiguousarray made it shape (1,))."""
+    strategy = RobustFedAvg(aggregator=make_aggregator(rule), fraction_train=1.0)
+    models = [_model(v) for v in (1.0, 2.0, 3.0, 4.0, 5.0)]
+    messages = None
+    if configured:
+        start = ArrayRecord({k: Array(v) for k, v in _model(0.0).items()})
+
+        class Nodes:
+            def get_node_ids(self):
+                return [1, 2, 3, 4, 5]
+
+        messages = list(strategy.configure_train(1, start, ConfigRecord(), Nodes()))
+    arrays, _ = strategy.aggregate_train(1, _replies(models, messages))
+    assert arrays is not None, strategy.dropped
+    got = {k: (tuple(a.shape), np.dtype(a.dtype)) for k, a in arrays.items()}
+    assert got == {k: (shape, np.dtype(dtype)) for k, (shape, dtype) in LAYOUT.items()}
+    for k, a in arrays.items():
+        assert a.numpy().shape == LAYOUT[k][0] and a.numpy().dtype == LAYOUT[k][1]
+
+
+def _flower(strategy, models):
+    arrays, _ = strategy.aggregate_train(1, _replies(models))
+    return {k: a.numpy() for k, a in arrays.items()}
+
+
+def test_replies_alone_are_aggregated_as_flowers_own_rules_aggregate_them(task_identity):
+    """Weights in, weights out, with no configure_train: the same values as Flower's
+    FedMedian, FedTrimmedAvg, Krum, MultiKrum and (equal counts) FedAvg on the same replies."""
+    from flwr.serverapp.strategy import FedMedian, FedTrimmedAvg, Krum, MultiKrum
+
+    rng = np.random.default_rng(0)
+    models = [
+        {"w": rng.normal(size=(2, 3)).astype(np.float32), "s": np.asarray(rng.normal(), np.float32)}
+        for _ in range(10)
+    ]  # 10: beta N = 2 replies trimmed at each end by both (Flower floors beta N, pflower ceils)
+    models[3] = {"w": np.full((2, 3), 50.0, np.float32), "s": np.asarray(-40.0, np.float32)}
+    pairs = [
+        (FedAvg(), Mean(), 0),
+        (FedMedian(), make_aggregator("median"), 1),
+        (FedTrimmedAvg(beta=0.2), make_aggregator("trimmed-mean", beta=0.2), 1),
+        (Krum(num_malicious_nodes=1), make_aggregator("krum"), 1),
+        (MultiKrum(num_malicious_nodes=1, num_nodes_to_select=3), make_aggregator("krum", m=3), 1),
+    ]
+    for flower, rule, byzantine in pairs:
+        expected = _flower(flower, models)
+        got = _flower(RobustFedAvg(aggregator=rule, byzantine=byzantine), models)
+        assert set(got) == set(expected)
+        for k in expected:
+            assert got[k].shape == models[0][k].shape, (type(flower).__name__, k)
+            np.testing.assert_allclose(got[k], expected[k], rtol=1e-5, atol=1e-6)
+
+
+def test_replies_alone_with_a_malformed_minority_are_checked_against_the_majority_layout(
+    task_identity,
+):
+    models = [_model(v) for v in (1.0, 2.0, 3.0)] + [{"w": np.zeros((3, 2), np.float32)}]
+    strategy = RobustFedAvg(aggregator=make_aggregator("median"))
+    arrays, _ = strategy.aggregate_train(1, _replies(models))
+    np.testing.assert_allclose(arrays["w"].numpy(), 2.0)
+    assert arrays["scale"].numpy().shape == ()
+    assert sum(strategy.dropped.values()) == 1
+    assert next(iter(strategy.dropped)).startswith("names/shapes/dtypes differ")
+    # nothing usable: None, as Flower's strategies answer a round without replies
+    assert RobustFedAvg(aggregator=Mean()).aggregate_train(1, []) == (None, None)

@@ -31,6 +31,15 @@ the replies kept: a round that cannot meet them is skipped and counted (``skippe
 combined with a smaller f. A round that aggregates nothing keeps the model, and
 ``Result.arrays`` is always the last good model (the initial one if no round aggregated).
 
+Every array keeps its shape and dtype (a 0-dim scalar parameter comes back 0-dim). Like
+Flower's own strategies, ``aggregate_train`` also aggregates replies it did not ask for (no
+``configure_train`` before it: weights in, weights out). It then checks the replies against the
+layout most of them carry and takes as the centre of the updates the coordinate-wise median of
+the well-formed replies (robust to a minority of Byzantine replies, where their mean would
+follow one 1e30 reply): the rules are translation-equivariant (mean, median, trimmed mean,
+Krum, Multi-Krum, geometric median, bucketing), so the result is the rule applied to the
+weights; centered clipping clips around that median instead of around the model sent.
+
 ``RobustAggregation`` is the mixin behind it: put it first in the bases of any strategy whose
 ``aggregate_train`` is FedAvg's (e.g. ``class RobustFedProx(RobustAggregation, FedProx)``).
 Strategies that post-process FedAvg's aggregate (FedAdam, FedYogi, ...) are not covered.
@@ -39,6 +48,7 @@ Strategies that post-process FedAvg's aggregate (FedAdam, FedYogi, ...) are not 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable
 
 import numpy as np
@@ -87,13 +97,31 @@ class RobustAggregation:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
         log.warning("dropped the reply of node %d: %s", node, reason)
 
-    def _checked(self, replies: list[Message]) -> tuple[list[Message], torch.Tensor]:
-        """The well-formed replies and their updates ``current - w_i`` as the rows of one
-        N x d tensor, each reply decoded once straight into its row (N = 100 ResNet-18 replies
-        are 4.5 GB: a list of decoded arrays and then a stack would need twice that)."""
-        expected = {k: (tuple(a.shape), a.dtype) for k, a in self._current.items()}
-        current, layout = aggregators.stack([{k: a.numpy() for k, a in self._current.items()}])
-        X = torch.empty((len(replies), current.shape[1]), dtype=current.dtype)
+    def _layout(self, replies: list[Message]) -> dict[str, tuple] | None:
+        """Name -> (shape, dtype) every reply must carry: the model ``configure_train`` sent,
+        or, for replies aggregated without one, the layout most replies carry (None: no
+        reply carries an ArrayRecord)."""
+        if self._current is not None:
+            return {k: (tuple(a.shape), a.dtype) for k, a in self._current.items()}
+        seen: Counter = Counter()
+        key = self.arrayrecord_key
+        for msg in replies:
+            record = None if msg.has_error() else msg.content.array_records.get(key)
+            if record is not None:
+                seen[tuple((k, tuple(a.shape), a.dtype) for k, a in record.items())] += 1
+        if not seen:
+            return None
+        return {k: (shape, dtype) for k, shape, dtype in seen.most_common(1)[0][0]}
+
+    def _checked(
+        self, replies: list[Message], expected: dict[str, tuple]
+    ) -> tuple[list[Message], torch.Tensor, list]:
+        """The well-formed replies, their weights as the rows of one N x d tensor (each reply
+        decoded once straight into its row: N = 100 ResNet-18 replies are 4.5 GB, a list of
+        decoded arrays and then a stack would need twice that) and the layout to undo it."""
+        template = {k: np.zeros(shape, dtype) for k, (shape, dtype) in expected.items()}
+        probe, layout = aggregators.stack([template])
+        X = torch.empty((len(replies), probe.shape[1]), dtype=probe.dtype)
         kept: list[Message] = []
         for msg in replies:
             node = msg.metadata.src_node_id
@@ -133,20 +161,30 @@ class RobustAggregation:
                 self._drop(node, "non-finite values")
                 continue
             kept.append(msg)
-        X = X[: len(kept)]
-        return kept, X.neg_().add_(current)  # updates current - w_i, in place
+        return kept, X[: len(kept)], layout
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        if self._current is None:
-            raise RuntimeError("aggregate_train before configure_train: no current model")
         replies = list(replies)
         answered = {m.metadata.src_node_id for m in replies}
         for node in sorted(self._asked - answered):
             self._drop(node, "no reply within the round timeout")
-        kept, X = self._checked(replies)
-        current = {k: a.numpy() for k, a in self._current.items()}
+        expected = self._layout(replies)
+        if expected is None:  # nothing sent and no reply with arrays: nothing to aggregate
+            self._checked(replies, {})  # counts each reply's reason
+            log.warning("round %d: no usable reply", server_round)
+            return None, None
+        kept, X, layout = self._checked(replies, expected)
+        if self._current is not None:
+            current = {k: a.numpy() for k, a in self._current.items()}
+        elif kept:  # replies alone: their coordinate-wise median is the centre (docstring)
+            current = aggregators.unstack(X.median(dim=0).values, layout)
+        else:
+            log.warning("round %d: no usable reply", server_round)
+            return None, None
+        centre, _ = aggregators.stack([current])
+        X.neg_().add_(centre)  # the updates current - w_i, in place
         if kept and self.norm_bound.factor:
             kept, X = self._bounded(kept, X, current)
         if not kept:
@@ -157,15 +195,10 @@ class RobustAggregation:
             self.skipped += 1
             log.warning("round %d: skipped, the model is unchanged: %s", server_round, problem)
             return self._current, None
-        step = aggregators.unstack(
-            self.aggregator(X, f=self.byzantine),
-            [(k, a.shape, a.dtype) for k, a in current.items()],
-        )
+        step = aggregators.unstack(self.aggregator(X, f=self.byzantine), layout)
+        # np.asarray, not np.ascontiguousarray: that one turns a 0-dim array into shape (1,)
         arrays = ArrayRecord(
-            {
-                k: Array(np.ascontiguousarray(current[k] - step[k], current[k].dtype))
-                for k in current
-            }
+            {k: Array(np.asarray(current[k] - step[k], dtype=current[k].dtype)) for k in current}
         )
         metrics = self.train_metrics_aggr_fn([m.content for m in kept], self.weighted_by_key)
         return arrays, metrics

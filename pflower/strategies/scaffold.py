@@ -98,8 +98,9 @@ class Scaffold(PersonalizedStrategy):
         mean_delta = self.combine([u.tensors for u in updates], ones)
         mean_dc = weighted_mean([u.extra[CONTROL_DELTA] for u in updates], ones)
         share = len(updates) / max(self.num_nodes, len(updates))
+        # np.asarray: a 0-dim c plus a scalar is a NumPy scalar, which Array refuses
         self.control = {
-            k: (c + share * mean_dc[k]).astype(c.dtype) for k, c in self.control.items()
+            k: np.asarray(c + share * mean_dc[k], dtype=c.dtype) for k, c in self.control.items()
         }
         return self.server_optimizer.step(current, mean_delta)
 
