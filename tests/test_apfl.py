@@ -117,6 +117,43 @@ def test_step_size_follows_the_global_step_counter():
         )
 
 
+def test_one_schedule_the_decay_or_the_servers_never_both():
+    """apfl-lr-decay < 1 with another lr-schedule than constant would compound two schedules:
+    refused at start naming both keys, and by a client sent a scheduled round anyway."""
+    from pflower.config import Config, ConfigError
+
+    for schedule in ("linear", "exponential"):
+        with pytest.raises(ConfigError, match="'apfl-lr-decay' = 0.99 and 'lr-schedule'"):
+            Config.from_run_config(
+                {"algorithm": "apfl", "apfl-lr-decay": 0.99, "lr-schedule": schedule}
+            )
+        Config.from_run_config({"algorithm": "apfl", "apfl-lr-decay": 1.0, "lr-schedule": schedule})
+    Config.from_run_config({"algorithm": "apfl", "apfl-lr-decay": 0.99})  # constant: the decay
+    job = job_for({**APFL, "apfl-lr-decay": 0.99})
+    with pytest.raises(ValueError, match="'apfl-lr-decay' = 0.99 and 'lr-schedule' = factor 0.5"):
+        APFLClient().train(job, {"lr": 0.02, "lr-scale": 0.5, "apfl-round": 1})
+
+
+def test_with_no_decay_the_step_is_the_servers_scheduled_lr():
+    """apfl-lr-decay = 1: eta is the message's lr (the server's schedule, applied once), in
+    every round; checked on w's plain SGD step at round 7."""
+    settings = {**APFL, "local-steps": 1, "apfl-alpha": 0.0, "lr-schedule": "linear"}
+    job = job_for({**settings, "apfl-adaptive": False}, server_round=7)
+    start = get_tensors(job.model, _names(job))
+    x, y = next(iter(job.train_loader))
+    job.train_loader.generator.manual_seed(job.train_loader.generator.initial_seed())
+    job.model.zero_grad()
+    _f_at(job, start, x, y).backward()
+    expected = {n: start[n] - 0.02 * p.grad for n, p in job.model.named_parameters()}
+    set_tensors(job.model, start)
+    job.train_loader.generator.manual_seed(job.train_loader.generator.initial_seed())
+    reply, _ = APFLClient().train(job, {"lr": 0.02, "lr-scale": 0.4, "apfl-round": 7})
+    for name in reply:
+        torch.testing.assert_close(
+            torch.from_numpy(reply[name].numpy()), expected[name], rtol=1e-5, atol=1e-7
+        )
+
+
 def test_a_new_client_fine_tunes_v_with_w_fixed():
     job = job_for({**APFL, "finetune-epochs": 1, "apfl-alpha": 0.5})
     w = get_tensors(job.model, _names(job))

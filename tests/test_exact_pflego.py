@@ -2,7 +2,8 @@
 with pflower: the forward pass and cross-entropy written here, torch autograd, float64 (a
 float64 model of the user's own), partial participation r < I and unequal client sizes, so
 that every factor that is 1 at full participation (I/r in the server step and in the head
-step, alpha_i) is visible.
+step, alpha_i) is visible. With ``holdout-fraction`` one more node is held out: it is no part
+of L, so I, r and sum_j N_j are those of the trainable clients.
 
 client i in I_t (theta frozen):  tau - 1 head GD steps (beta) on phi(X_i; theta);
                                  g_i = grad_theta l_i, g_W = grad_W l_i at that head;
@@ -61,9 +62,19 @@ def client_step(theta, head, x, y, head_rate):
 
 
 @pytest.mark.parametrize(
-    "alpha_mode, head_alpha", [("global", False), ("global", True), ("sampled", False)]
+    "alpha_mode, head_alpha, holdout",
+    [
+        ("global", False, False),
+        ("global", True, False),
+        ("sampled", False, False),
+        ("global", True, True),
+    ],
 )
-def test_pflego_round_with_partial_participation_equals_the_papers_step(alpha_mode, head_alpha):
+def test_pflego_round_with_partial_participation_equals_the_papers_step(
+    alpha_mode, head_alpha, holdout
+):
+    # with a hold-out: a fifth node, the highest partition id, never trained (I = 4, r = 2)
+    num_nodes = NUM_CLIENTS + 1 if holdout else NUM_CLIENTS
     overrides = {
         **BASE,
         "algorithm": "pflego",
@@ -79,6 +90,7 @@ def test_pflego_round_with_partial_participation_equals_the_papers_step(alpha_mo
         "evaluate-every": 100,
         "pflego-alpha": alpha_mode,
         "pflego-head-alpha": head_alpha,
+        "holdout-fraction": 0.2 if holdout else 0.0,
     }
     cfg = Config.from_run_config(overrides)
     model = build_run_model(cfg)
@@ -91,7 +103,7 @@ def test_pflego_round_with_partial_participation_equals_the_papers_step(alpha_mo
             trained.append(int(context.node_config["partition-id"]))
         return honest(msg, context)
 
-    grid = LocalGrid(recording, NUM_CLIENTS)
+    grid = LocalGrid(recording, num_nodes)
     # every client's current head (its state from earlier rounds), drawn here
     g = torch.Generator().manual_seed(3)
     heads = {}
@@ -102,7 +114,7 @@ def test_pflego_round_with_partial_participation_equals_the_papers_step(alpha_mo
             "head.bias": torch.randn(10, generator=g, dtype=torch.float64),
         }
         # written as an earlier run of this configuration would have (context_store.Scope)
-        scope = Scope.of(cfg, pid, NUM_CLIENTS, heads[pid])
+        scope = Scope.of(cfg, pid, num_nodes, heads[pid])
         ScopedStore(open_store(context.state, {}), scope, run="earlier").save(
             "personal", heads[pid]
         )
@@ -111,13 +123,13 @@ def test_pflego_round_with_partial_participation_equals_the_papers_step(alpha_mo
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(theta0), num_rounds=1)
 
     data = {}
-    for pid in range(NUM_CLIENTS):
-        a = client_arrays(cfg, pid, NUM_CLIENTS)
+    for pid in range(num_nodes):
+        a = client_arrays(cfg, pid, num_nodes)
         data[pid] = (torch.from_numpy(a.x_train).double(), torch.from_numpy(a.y_train).long())
     sizes = {pid: len(d[1]) for pid, d in data.items()}
-    assert len(set(sizes.values())) == NUM_CLIENTS, "client sizes must differ for the test to bite"
-    assert len(trained) == 2, "r = 2 of I = 4"
-    total = sum(sizes.values())
+    assert len(set(sizes.values())) == num_nodes, "client sizes must differ for the test to bite"
+    assert len(trained) == 2 and max(trained) < NUM_CLIENTS, "r = 2 of the I = 4 trainable"
+    total = sum(sizes[pid] for pid in range(NUM_CLIENTS))  # sum_j N_j over the I clients
     head_rate = RHO * NUM_CLIENTS / len(trained)
     gradients, new_heads = {}, {}
     for pid in trained:

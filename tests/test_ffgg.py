@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from helpers import job_for
+from helpers import BASE as DEVICE_BASE
+from helpers import job_for, node_context
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -145,6 +146,126 @@ def test_local_ffgg_first_pair_is_the_hand_computed_alternating_step():
     for n in shared:
         assert torch.allclose(delta[n], expected[n], atol=1e-6), n
     assert metrics["grad-norm"] > 0
+
+
+def test_local_ffgg_pairs_apply_momentum_weight_decay_and_clipping():
+    """momentum, weight-decay and max-grad-norm step the pairs as they step the fine-tuning:
+    one SGD per part (momentum over the round's pairs), clip, then decay, written out here."""
+    momentum, decay, clip, lr_w, lr_theta, pairs = 0.9, 0.05, 0.14, 0.2, 0.3, 3
+    overrides = {
+        **BASE,
+        "algorithm": "local-ffgg",
+        "local-steps": pairs,
+        "personal-steps": 2,
+        "batch-size": 10_000,
+        "lr": lr_theta,
+        "personal-lr": lr_w,
+        "momentum": momentum,
+        "weight-decay": decay,
+        "max-grad-norm": clip,
+    }
+    job = job_for(overrides)
+    client = LocalFFGGClient()
+    x, y = next(iter(job.train_loader))
+    params = dict(job.model.named_parameters())
+    shared, personal = list(job.split.shared), list(job.split.personal)
+    clipped = []
+
+    def step(names, buffers, lr):
+        loss = F.cross_entropy(job.model(x), y)
+        grads = torch.autograd.grad(loss, [params[n] for n in names])
+        norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
+        clipped.append(norm > clip)
+        scale = min(1.0, clip / (norm + 1e-6))  # torch's clip_grad_norm_
+        with torch.no_grad():
+            for n, g in zip(names, grads):
+                d = g * scale + decay * params[n]
+                buffers[n] = d if n not in buffers else momentum * buffers[n] + d
+                params[n] -= lr * buffers[n]
+
+    stream = job.rng_state.clone()
+    client.init_personal(job)
+    theta0 = {n: params[n].detach().clone() for n in shared}
+    fine_tune: dict = {}
+    for _ in range(2):  # Alg. 2 with the run's SGD: its own momentum buffer
+        step(personal, fine_tune, lr_w)
+    w_buffers: dict = {}
+    theta_buffers: dict = {}
+    for _ in range(pairs):  # the pairs: a fresh buffer per part, running over the pairs
+        step(personal, w_buffers, lr_w)
+        step(shared, theta_buffers, lr_theta)
+    expected = {n: theta0[n] - params[n].detach() for n in shared}
+    assert any(clipped) and not all(clipped), "the clip must bite on some steps only"
+
+    with torch.no_grad():  # back to the start, then the real client
+        for n in shared:
+            params[n].copy_(theta0[n])
+    job.rng_state = stream
+    record, metrics = client.train(job, {"lr": lr_theta, "lr-scale": 1.0})
+    delta = record.to_torch_state_dict()
+    for n in shared:
+        torch.testing.assert_close(delta[n], expected[n], rtol=1e-4, atol=1e-6)
+    # passes: 2 fine-tuning steps, then 2 per pair (one for w, one for theta), full batch
+    assert metrics["data-passes"] == pytest.approx(2 + 2 * pairs)
+
+
+@pytest.mark.parametrize("solver", ["gd", "cg"])
+def test_full_batch_solvers_refuse_the_sgd_keys_at_start(solver):
+    from pflower.config import Config, ConfigError
+
+    for algorithm in ("ffgg", "local-ffgg"):
+        for key, value in (("momentum", 0.9), ("weight-decay", 0.1), ("max-grad-norm", 1.0)):
+            overrides = {
+                "algorithm": algorithm,
+                "ffgg-solver": solver,
+                "personal-steps": 2,
+                key: value,
+            }
+            with pytest.raises(ConfigError, match=f"'{key}'"):
+                Config.from_run_config(overrides)
+
+
+@pytest.mark.parametrize("algorithm", ["ffgg", "local-ffgg"])
+def test_random_init_keeps_nothing_between_rounds_on_a_device(task_identity, algorithm):
+    """``ffgg-init = 'random'`` (the default) is stateless: on a device that served round 1,
+    round 2's reply equals a fresh device's reply to the same message, bit for bit, and the
+    device's store holds nothing after either round."""
+    from pflower.client_app import build_client_app
+    from pflower.wire import RUN_TAG
+
+    overrides = {
+        **DEVICE_BASE,
+        **BASE,
+        "algorithm": algorithm,
+        "personal-steps": 2,
+        "local-steps": 2,
+    }
+    app = build_client_app(overrides)
+    probe = job_for(overrides)
+    theta = get_tensors(probe.model, probe.split.shared)
+
+    def message(server_round, shift):
+        shared = ArrayRecord({n: t + shift for n, t in theta.items()})
+        config = {"server-round": server_round, "lr": 0.05, "lr-scale": 1.0, "phase": "train"}
+        content = RecordDict({"arrays": shared, "config": ConfigRecord({**config, RUN_TAG: "r"})})
+        return Message(content=content, dst_node_id=1, message_type="train")
+
+    def reply(msg, context):
+        out = app(msg, context)
+        assert not out.has_error(), out.error.reason
+        return {
+            n: a.numpy().copy() for r in out.content.array_records.values() for n, a in r.items()
+        }
+
+    device = node_context()
+    reply(message(1, 0.01), device)
+    assert not device.state.array_records, list(device.state.array_records)
+    again = reply(message(2, 0.0), device)
+    fresh = reply(message(2, 0.0), node_context())
+    assert again.keys() == fresh.keys()
+    for name in again:
+        np.testing.assert_array_equal(again[name], fresh[name])
+    assert not device.state.array_records, list(device.state.array_records)
 
 
 class _Grid:

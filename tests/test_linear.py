@@ -122,6 +122,28 @@ def test_every_algorithm_runs_on_the_regression_problem(algorithm):
     assert "personal-loss" in out and "personal-accuracy" not in out  # regression: no accuracy
 
 
+def test_cg_reports_the_examples_it_processed_when_it_stops_early(monkeypatch):
+    """CG stops once converged (d_w = 4 dimensions, 20 iterations asked): it reports one pass
+    for the gradient and two per Hessian-vector product it took, not 2 n x 20."""
+    job = job_for({**SMALL, "personal-steps": 20})
+    FFGGClient().init_personal(job)
+    calls, grad = [], torch.autograd.grad
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return grad(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", counting)
+    seen = FFGGClient().fine_tune_personal(job)
+    monkeypatch.undo()
+    products = len(calls) - 1  # the first call is the gradient itself
+    n = job.num_train
+    assert products < 20, "the test needs CG to stop early"
+    assert seen == n * (1 + 2 * products)
+    _, metrics = FFGGClient().train(job, {"lr": 0.1})
+    assert metrics["data-passes"] == pytest.approx(1 + 2 * products + 1)  # + the theta-gradient
+
+
 def test_local_gd_round_is_tau_closed_form_gradient_steps_on_the_whole_model():
     from pflower.strategies import LocalGDClient
 

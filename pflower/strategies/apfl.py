@@ -12,10 +12,16 @@ alpha_i in [0, 1]; its personalized model is ``v_bar_i = alpha_i v_i + (1 - alph
 All three gradients of a step are taken at the step's starting point (the paper's
 simultaneous update). The v and alpha gradients come from autograd through
 ``torch.func.functional_call`` on the mixed parameters, so d/d alpha is exact.
-eta_t = ``lr`` * ``apfl-lr-decay`` ** t with t the global step ``(round - 1) * tau + k``,
-derivable from the round number, so every client follows the same schedule whether or not
-it was sampled in between. v_i, alpha_i and the client's own step count live in its store,
-also across rounds it is not sampled in, and never travel: only w does.
+
+**One step-size schedule.** eta_t = ``lr`` * ``apfl-lr-decay`` ** t * s_r: the paper's decay
+over the global step t = ``(round - 1) * tau + k`` (derivable from the round number, so every
+client follows it whether or not it was sampled in between), or the server's per-round
+schedule factor s_r (``lr-schedule``, sent as ``lr-scale``; the message's ``lr`` is
+``lr`` * s_r), never both: with ``apfl-lr-decay`` < 1 the server's schedule must be
+``constant`` (s_r = 1), with another schedule the decay must be 1; the two together are
+refused at start (``APFLSettings.check``) and by the client. v_i, alpha_i and the client's
+own step count live in its store, also across rounds it is not sampled in, and never
+travel: only w does.
 
 Options: ``apfl-mixing`` = ``parameters`` (the paper, default) or ``outputs`` (the authors'
 code: ``alpha model_v(x) + (1 - alpha) model_w(x)`` on the logits; the code's once-per-round
@@ -42,14 +48,14 @@ from pydantic import Field
 from torch import nn
 from torch.func import functional_call
 
-from pflower.settings import Settings, Weighting
+from pflower.settings import ConfigError, Settings, Weighting
 from pflower.strategies.client import ClientHalf, ClientJob, tagged_metrics, train_metrics
 from pflower.strategies.registry import Algorithm
 from pflower.strategies.server import PersonalizedStrategy
 from pflower.task import split as splits
 from pflower.task import train as training
 from pflower.task.run_model import build_run_model
-from pflower.wire import NUM_EXAMPLES, PHASE, PRETRAIN, ClientUpdate
+from pflower.wire import LR_SCALE, NUM_EXAMPLES, PHASE, PRETRAIN, ClientUpdate
 
 if TYPE_CHECKING:
     from pflower.config import Config
@@ -106,10 +112,38 @@ class APFLSettings(Settings):
         description="APFL server mean of the w_i: `uniform` (the paper) or `num-examples`",
     )
 
+    @classmethod
+    def check(cls, cfg: Config) -> None:
+        if cfg.apfl_lr_decay < 1 and cfg.lr_schedule != "constant":
+            raise ConfigError(two_schedules(cfg.apfl_lr_decay, repr(cfg.lr_schedule)))
+
+
+def two_schedules(decay: float, schedule: str) -> str:
+    """The error of a run that asks for both of APFL's step-size schedules."""
+    return (
+        f"keys 'apfl-lr-decay' = {decay:g} and 'lr-schedule' = {schedule}: APFL's step size "
+        "follows one schedule, the per-step decay or the server's per-round schedule; set "
+        "'apfl-lr-decay' = 1 to follow 'lr-schedule', or 'lr-schedule' = 'constant' to decay"
+    )
+
 
 class APFL(PersonalizedStrategy):
     """APFL's server: the mean of the returned w_i (unweighted by default), through the
-    server optimizer (SGD with lr 1 by default: the plain mean)."""
+    server optimizer (SGD with lr 1 by default: the plain mean).
+
+    The step size eta_t has one schedule: each message's ``lr`` (``lr`` times the factor of
+    ``lr_schedule``) with the clients' ``apfl-lr-decay`` = 1, or the clients' per-step decay
+    with ``lr_schedule = "constant"``; a client asked for both refuses the round (the app's
+    config refuses it at start).
+
+    Parameters
+    ----------
+    weighted : bool (default: False)
+        ``False``: the unweighted mean of the w_i (the paper); ``True``: weighted by the
+        clients' training-set sizes (``apfl-weighting = "num-examples"``).
+    **kwargs
+        The parameters of ``PersonalizedStrategy``.
+    """
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
     algorithm = "apfl"
@@ -222,6 +256,9 @@ class APFLClient(ClientHalf):
         return job.cfg.local_steps or job.cfg.local_epochs * len(job.train_loader)
 
     def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
+        scale = float(config.get(LR_SCALE, 1.0))
+        if job.cfg.apfl_lr_decay < 1 and scale != 1.0:  # a server built by hand, say
+            raise ValueError(two_schedules(job.cfg.apfl_lr_decay, f"factor {scale:g}"))
         tau = self._tau(job)
         state = self._state(job)
         if state is None:  # first visit: v from the received w, alpha_0

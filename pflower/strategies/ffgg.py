@@ -33,7 +33,12 @@ Alg. 4, Local FFGG (the variant the paper runs on real data)::
     theta^{r+1} = ServerOpt(theta^r, mean_m Delta_m)                 # FedAvg (lr 1) or FedAdam
 
 K is one epoch of alternating minibatch steps (``local-epochs`` / ``local-steps``); both steps
-of a pair use the same minibatch.
+of a pair use the same minibatch. The client optimizer keys ``momentum``, ``weight-decay`` and
+``max-grad-norm`` are 0 by default, and then every step is Alg. 4's plain gradient step. Set,
+they apply to both phases alike: the w-only fine-tuning (``ffgg-solver = "sgd"``) and each
+part's steps in the pairs (one SGD per part, its momentum over the round's K pairs, its own
+gradient clipped and decayed), as FedAlt's two phases do. The full-batch solvers ``gd`` and
+``cg`` take plain steps only, so FFGG and Local FFGG refuse these keys with them at start.
 
 **Split diagnostic** (§2.4): ||Delta_m|| ~ ||F_m(theta)|| after fine-tuning. Its mean and max
 over the round's clients are reported every round (``grad-norm-mean``, ``grad-norm-max``);
@@ -98,6 +103,20 @@ class FFGGSettings(Settings):
             raise ConfigError(
                 f"key 'personal-steps' = 0: ffgg-solver {cfg.ffgg_solver!r} runs "
                 "'personal-steps' full-batch iterations; set it > 0"
+            )
+        optimizer_keys = {
+            "momentum": cfg.momentum,
+            "weight-decay": cfg.weight_decay,
+            "max-grad-norm": cfg.max_grad_norm,
+        }
+        set_keys = {k: v for k, v in optimizer_keys.items() if v}
+        if cfg.ffgg_solver in ("gd", "cg") and set_keys:
+            raise ConfigError(
+                f"keys {', '.join(repr(k) for k in set_keys)} = "
+                f"{', '.join(f'{v:g}' for v in set_keys.values())}: ffgg-solver "
+                f"{cfg.ffgg_solver!r} takes plain full-batch steps and applies none of "
+                "'momentum', 'weight-decay', 'max-grad-norm'; set them to 0 or use "
+                "ffgg-solver 'sgd'"
             )
         if cfg.algorithm == "br-ffgg" and cfg.robust_aggregator == "none":  # not "auto"
             raise ConfigError(
@@ -271,7 +290,8 @@ class FFGGClient(_FFGGClientBase):
 
 class LocalFFGGClient(_FFGGClientBase):
     """One epoch of w-only SGD from a fresh init, then K alternating (w, theta) steps;
-    sends the theta delta."""
+    sends the theta delta. ``momentum``, ``weight-decay`` and ``max-grad-norm`` (0: Alg. 4's
+    plain steps) apply to the pairs as to the fine-tuning (module docstring)."""
 
     reply_key = DELTA
 
@@ -289,6 +309,9 @@ class LocalFFGGClient(_FFGGClientBase):
             lr_first=job.personal_lr,
             lr_second=job.lr,
             steps=steps,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            max_grad_norm=cfg.max_grad_norm,
             device=job.device,
         )
         if cfg.ffgg_init == "stored":

@@ -27,7 +27,9 @@ query) or ``sampled`` (the authors' code: alpha normalised over the round's repl
 I / r_t factor). ``pflego-local-labels``: a K_i-class head over the client's own classes
 (``init_head``). ``pflego-head-alpha`` multiplies the head step (3) by alpha_i as eq. (5)
 prints (default off: Alg. 1 and the code). r_t is the number of usable replies (realised);
-the head step uses the number of sampled clients (the client cannot know r_t). A round
+the head step uses the number of sampled clients (the client cannot know r_t). I counts the
+clients that can be sampled: with ``holdout-fraction`` the held-out clients (evaluated as new
+clients, never trained) are no part of L, so they count in neither I, r nor sum_j N_j. A round
 with no usable reply leaves theta unchanged. Local sets are processed in minibatch-size
 chunks, so memory stays bounded.
 
@@ -159,18 +161,20 @@ class PFLEGO(PersonalizedStrategy):
             raise ValueError(f"alpha = {alpha!r}: must be one of {ALPHA_MODES}")
         self.alpha = alpha
         self.query_num_train = alpha == "global"
-        self.num_nodes = 0
-        self.num_sampled = 0
+        self.num_nodes = 0  # I: the clients that can be sampled for training
+        self.held: set[int] = set()  # the held-out nodes (``holdout_fraction``)
 
     def configure_train(self, server_round, arrays, config, grid):
-        self.num_nodes = len(list(grid.get_node_ids()))
-        messages = list(super().configure_train(server_round, arrays, config, grid))
-        self.num_sampled = len(messages)
-        return messages
+        nodes = list(grid.get_node_ids())
+        # held-out clients are never sampled: no part of L, so not of I (nor of r, sum_j N_j)
+        self.held = self.held_out(nodes) if self.holdout_fraction else set()
+        self.num_nodes = len(nodes) - len(self.held)
+        return super().configure_train(server_round, arrays, config, grid)
 
     def train_config(self, server_round: int) -> dict:
         settings = super().train_config(server_round)
-        # rho (I / r) of the head step (3): the server lr and the planned sample size
+        # rho (I / r) of the head step (3): the server lr and the planned sample size, as
+        # ``sample`` draws it from the I trainable clients
         r = max(1, round(self.fraction_train * self.num_nodes))
         settings[HEAD_LR] = self.server_optimizer.lr * self.num_nodes / r
         if self.num_train_total:
@@ -179,7 +183,8 @@ class PFLEGO(PersonalizedStrategy):
 
     @property
     def num_train_total(self) -> float:
-        return float(sum(self.num_train_of.values()))
+        """sum_j N_j over the I trainable clients (held-out ones excluded)."""
+        return float(sum(n for node, n in self.num_train_of.items() if node not in self.held))
 
     def aggregate(
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]

@@ -265,7 +265,9 @@ def conjugate_gradient(
     ``params`` at the start, Hessian-vector products by double backward) and moves ``params``
     by ``d``. For a loss quadratic in ``params`` (FFGG's synthetic problem) this is CG on the
     normal equations, exact after ``len(params)`` dimensions' worth of iterations; otherwise
-    one truncated Newton step. Returns examples seen (two passes per iteration).
+    one truncated Newton step. Stops early at convergence or at a direction of non-positive
+    curvature. Returns the examples it processed: one pass for the gradient and two for
+    each Hessian-vector product it took (one per iteration run, not per iteration asked).
     """
     model.eval()
     with only_trainable(model, params):
@@ -282,10 +284,12 @@ def conjugate_gradient(
         rs = r @ r
         # converged (relative residual at the dtype's resolution): more steps would divide 0/0
         floor = max(tol, float(rs) * torch.finfo(r.dtype).eps ** 2)
+        products = 0
         for _ in range(steps):
             if rs <= floor:
                 break
             hd = hvp(d)
+            products += 1
             curvature = d @ hd
             if curvature <= 0:  # not positive definite along d: stop where we are
                 break
@@ -298,7 +302,7 @@ def conjugate_gradient(
     with torch.no_grad():
         for p, step in zip(params, _unflatten(x, params)):
             p += step
-    return 2 * n * steps
+    return n * (1 + 2 * products)
 
 
 def _unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -318,25 +322,42 @@ def alternating_sgd(
     lr_first: float,
     lr_second: float,
     steps: int,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    max_grad_norm: float = 0.0,
     device="cpu",
 ) -> TrainResult:
     """``steps`` alternating minibatch steps: ``first`` then ``second`` on the same minibatch,
-    the ``second`` gradient taken at the updated ``first`` (Local FFGG, Alg. 4)."""
+    the ``second`` gradient taken at the updated ``first`` (Local FFGG, Alg. 4).
+
+    Each part steps as ``sgd`` steps its parameters: its own ``torch.optim.SGD`` (fresh each
+    call; with ``momentum`` its buffer runs over the call's ``steps`` pairs, each part's
+    separately), ``weight_decay`` on that part only, and ``max_grad_norm`` clipping that
+    part's gradient before its step. At the defaults (all 0) each step is the plain
+    ``p <- p - lr * grad`` of Alg. 4. ``examples`` counts every part's pass: a pair takes
+    its minibatch through the model twice (a forward and backward pass per part)."""
     if steps <= 0 or len(loader) == 0:
         return TrainResult(loss=float("nan"), steps=0, examples=0)
+    parts = [
+        (
+            list(params),
+            torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay),
+        )
+        for params, lr in ((first, lr_first), (second, lr_second))
+        if params
+    ]
     model.train()
-    total, examples, criterion = 0.0, 0, loss_fn(model)
+    total, seen, criterion = 0.0, 0, loss_fn(model)
     for x, y in _cycle(loader, steps):
         x, y = x.to(device), y.to(device)
-        for params, lr in ((first, lr_first), (second, lr_second)):
-            if not params:
-                continue
+        for params, optimizer in parts:
+            optimizer.zero_grad(set_to_none=True)
             with only_trainable(model, params):
                 loss = criterion(model(x), y)
-                grads = torch.autograd.grad(loss, params)
-            with torch.no_grad():
-                for p, g in zip(params, grads):
-                    p -= lr * g
+                loss.backward()
+            if max_grad_norm > 0:
+                nn.utils.clip_grad_norm_(params, max_grad_norm)
+            optimizer.step()
         total += loss.item() * len(y)
-        examples += len(y)
-    return TrainResult(loss=total / max(1, examples), steps=steps, examples=examples)
+        seen += len(y)
+    return TrainResult(loss=total / max(1, seen), steps=steps, examples=seen * len(parts))
