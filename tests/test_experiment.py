@@ -274,3 +274,66 @@ def test_a_grid_value_that_is_a_table_sets_keys_that_go_together(tmp_path):
         load(write(tmp_path, text.replace("{ lr = 0.1,", "{ seed = 1, lr = 0.1,")))
     with pytest.raises(ExperimentError, match="'lr': set and also by a grid value"):
         load(write(tmp_path, text.replace('algorithm = "fedalt"', 'algorithm = "fedalt"\nlr = 1')))
+
+
+COMPUTE = """
+[experiment]
+nodes = 3
+seeds = [0]
+workers = 2
+
+[base]
+dataset = "digits"
+num-server-rounds = 2
+evaluate-every = 2
+fraction-train = 1.0
+finetune-epochs = 1
+
+[[run]]
+name = "FedAvg"
+algorithm = "fedavg"
+split = "none"
+
+[[run]]
+name = "FedAlt"
+algorithm = "fedalt"
+split = "head"
+pretrain-rounds = 1
+num-server-rounds = 1
+
+[[run]]
+name = "PFLEGO"
+algorithm = "pflego"
+split = "head"
+"""
+
+
+def test_the_table_shows_each_methods_client_compute(tmp_path):
+    """Client compute next to bytes on the wire: the examples each method's clients took
+    through the model over the run, pre-training included, per client; recomputed here from
+    each client's training-set size and what the method does in a round (every client
+    trains every round): FedAvg one epoch a round; FedAlt one pre-training epoch, then an
+    epoch on v and one on u; PFLEGO a feature pass and the exact gradient's pass a round."""
+    exp = load(write(tmp_path, COMPUTE), out=tmp_path / "out")
+    rows = {r["label"]: r for r in execute(exp, progress=False)}
+    passes = {"FedAvg": 1 + 1, "FedAlt": 1 + 2, "PFLEGO": 2 + 2}  # over the run's 2 rounds
+    for label, row in rows.items():
+        with open(os.path.join(row["path"], "clients.csv")) as f:
+            total = sum(float(c["num-train"]) for c in csv.DictReader(f))
+        results = json.loads((exp.out / "runs" / label / "seed-0" / "results.json").read_text())
+        per_round = [r["train"]["examples-processed"] for r in results["rounds"]]
+        assert len(per_round) == 2 and sum(per_round) == pytest.approx(passes[label] * total)
+        assert row["examples-processed"] == pytest.approx(passes[label] * total), label
+        assert row["examples-per-client"] == pytest.approx(passes[label] * total / 3), label
+
+    text = write_summary(exp, list(rows.values()))
+    head = next(line for line in text.splitlines() if line.startswith("| run |"))
+    columns = [c.strip() for c in head.strip("|").split("|")]
+    at = columns.index("examples / client")
+    assert columns[at + 1] == "MB down / round"  # next to the bytes on the wire
+    for label, row in rows.items():
+        line = next(x for x in text.splitlines() if x.startswith(f"| {label} |"))
+        cell = [c.strip() for c in line.strip("|").split("|")][at]
+        assert cell == f"{row['examples-per-client']:.0f} ± 0", (label, cell)
+    with open(exp.out / "summary.csv") as f:
+        assert "examples-per-client" in next(csv.reader(f))

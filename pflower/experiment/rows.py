@@ -9,6 +9,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from pflower.experiment.spec import RUN_FINISHED
+from pflower.strategies.history import EXAMPLES_PROCESSED
+from pflower.wire import NUM_EXAMPLES
 
 
 def row_of(directory: Path) -> dict:
@@ -31,6 +33,8 @@ def row_of(directory: Path) -> dict:
         **results["final"],
         # median: the first rounds also pay for loading the data
         "seconds-per-round": statistics.median(r["seconds"] for r in rounds) if rounds else None,
+        # client compute over the whole run, pre-training included (compute_of)
+        **compute_of(results["rounds"], meta["nodes"]),
         "train-bytes-down-per-round": _mean(r["wire"]["train-down"] for r in trained),
         "train-bytes-up-per-round": _mean(r["wire"].get("train-up", 0) for r in trained),
         "dropped-replies": results["dropped-replies"],
@@ -48,6 +52,26 @@ def row_of(directory: Path) -> dict:
         row["personal-accuracy-trained"] = _pooled([c for p, c in clients.items() if p < cutoff])
         row["personal-accuracy-new"] = _pooled([c for p, c in clients.items() if p >= cutoff])
     return row
+
+
+def compute_of(rounds: list[dict], nodes: int) -> dict[str, float | None]:
+    """A run's client compute from its rounds (results.json, pre-training rounds included):
+    ``examples-processed``, every round's total of its replies' ``data-passes`` x
+    ``num-examples`` (the examples the clients took through the model in training), and
+    ``examples-per-client``, that over the run's ``nodes`` clients. A round without the
+    total (results.json of an older pflower) counts ``data-passes`` (the replies' mean,
+    weighted by num-examples) x ``num-examples`` (their sum), the same number. None when
+    no round says."""
+    totals = []
+    for r in rounds:
+        train = r.get("train", {})
+        if EXAMPLES_PROCESSED in train:
+            totals.append(train[EXAMPLES_PROCESSED])
+        elif "data-passes" in train and NUM_EXAMPLES in train:
+            totals.append(train["data-passes"] * train[NUM_EXAMPLES])
+    if not totals:
+        return {EXAMPLES_PROCESSED: None, "examples-per-client": None}
+    return {EXAMPLES_PROCESSED: sum(totals), "examples-per-client": sum(totals) / max(1, nodes)}
 
 
 def _pooled(clients: list[dict], key: str = "personal-accuracy") -> float | None:

@@ -106,11 +106,27 @@ class WireCount:
         return replies
 
 
+#: a round's client compute: sum over its replies of data-passes x num-examples
+EXAMPLES_PROCESSED = "examples-processed"
+
+
 def weighted_mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
-    """Mean of the numeric metrics of the replies, weighted by ``num-examples``."""
+    """Mean of the numeric metrics of the replies, weighted by ``num-examples``; and the
+    round's total ``examples-processed`` (each reply's ``data-passes`` times its
+    ``num-examples``: the examples its client took through the model)."""
     weights = np.asarray([r[NUM_EXAMPLES] for r in rows], dtype=float)
     out = {NUM_EXAMPLES: float(weights.sum())}
-    keys = {k for r in rows for k, v in r.items() if isinstance(v, (int, float))} - {NUM_EXAMPLES}
+    passes = [
+        r["data-passes"] * n
+        for r, n in zip(rows, weights)
+        if isinstance(r.get("data-passes"), (int, float)) and np.isfinite(r["data-passes"])
+    ]
+    if passes:
+        out[EXAMPLES_PROCESSED] = float(sum(passes))
+    keys = {k for r in rows for k, v in r.items() if isinstance(v, (int, float))} - {
+        NUM_EXAMPLES,
+        EXAMPLES_PROCESSED,
+    }
     for key in sorted(keys):
         pairs = [(r[key], w) for r, w in zip(rows, weights) if key in r and np.isfinite(r[key])]
         if pairs:

@@ -271,6 +271,9 @@ class PFLEGOClient(ClientHalf):
         return record, {
             NUM_EXAMPLES: job.num_train,
             "head-loss": loss,
+            # the feature pass of the head steps (forward only, none for tau = 1) and the
+            # exact gradient's forward and backward pass: the tau - 1 head steps are on Phi
+            "data-passes": 2.0 if tau > 1 else 1.0,
             "personal-restored": float(job.restored),
         }
 
