@@ -22,6 +22,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from pflower import quiet
 from pflower.config import Config
 from pflower.context_store import open_store, scope_job
 from pflower.strategies import build_run_model, get_algorithm, wire_split
@@ -108,8 +109,14 @@ def build_client_app(
     this way. Without it, a node configured for experiment behaviour is refused."""
     app = ClientApp()
 
-    def setup(msg: Message, context: Context) -> tuple[Config, ClientJob, Mapping]:
+    def run_config(context: Context) -> Config:
         cfg = parse_config(frozenset({**context.run_config, **(overrides or {})}.items()))
+        if cfg.console == "compact":  # before the data set's warnings (pflower.quiet)
+            quiet.third_party()
+        return cfg
+
+    def setup(msg: Message, context: Context) -> tuple[Config, ClientJob, Mapping]:
+        cfg = run_config(context)
         config = dict(msg.content[CONFIG])
         job = make_job(cfg, context, int(config.get(SERVER_ROUND, 0)))
         job.receive(msg.content.array_records, config)
@@ -137,7 +144,7 @@ def build_client_app(
         answer = {"partition-id": int(pid)} if pid is not None else {}
         asked = str(msg.content[CONFIG].get(QUERY, "")).split(",") if CONFIG in msg.content else []
         if "num-train" in asked:
-            cfg = parse_config(frozenset({**context.run_config, **(overrides or {})}.items()))
+            cfg = run_config(context)
             node = context.node_config
             train, _ = load_client_data(
                 cfg, int(pid), int(node["num-partitions"]), data_path=node.get(DATA_PATH)

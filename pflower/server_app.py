@@ -11,7 +11,7 @@ import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
-from pflower import checkpoint, report
+from pflower import checkpoint, quiet, report
 from pflower.config import Config, ConfigError
 from pflower.strategies import (
     PersonalizedStrategy,
@@ -21,6 +21,7 @@ from pflower.strategies import (
     personal_split,
     wire_split,
 )
+from pflower.strategies.checks import RunFailed
 from pflower.strategies.history import WireCount
 from pflower.task import linear
 from pflower.task.split import Split, get_tensors
@@ -221,6 +222,33 @@ def server_evaluation(cfg: Config, strategy, grid: Grid):
     return evaluate
 
 
+#: pflower's refusals whose message says it all (key, value and what is allowed; the rounds
+#: that applied no reply and why): the run fails with it, and its traceback is noise
+ONE_LINE_FAILURES = (ConfigError, RunFailed)
+
+
+class OneLineFailures(logging.Filter):
+    """Flower logs the exception that ended a ServerApp with its traceback ("ServerApp raised
+    an exception", "Simulation raised an exception"), then its exit code. For pflower's own
+    refusals (``ONE_LINE_FAILURES``) the ServerApp has already logged the one line that says
+    why: this filter on Flower's logger leaves the traceback out of Flower's record. The run
+    still ends as failed, with the message as its status details (``pflower run`` prints them
+    and exits 1)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], ONE_LINE_FAILURES):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def one_line_failures() -> None:
+    """Install ``OneLineFailures`` on Flower's logger (once per process): Flower logs the
+    exception after the ServerApp has returned, so the filter stays."""
+    flower = logging.getLogger("flwr")
+    if not any(isinstance(f, OneLineFailures) for f in flower.filters):
+        flower.addFilter(OneLineFailures())
+
+
 def build_server_app(
     overrides: Mapping | None = None,
     on_report: Callable[[report.RunReport], None] | None = None,
@@ -231,16 +259,21 @@ def build_server_app(
     run's report (tests and benchmarks read results from it); ``out``: the output directory
     (default: a new one under ``outputs-dir``)."""
     app = ServerApp()
+    one_line_failures()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         # Parse (and so validate) the whole config before any client is contacted. A bad
         # key or value: one line naming key, value and what is allowed, then the run ends
-        # as failed with that message (Flower logs the exception after it).
+        # as failed with that message (Flower logs the exception after it, without its
+        # traceback: OneLineFailures). So does a run that applied no reply (RunFailed).
+        run_config = {**context.run_config, **(overrides or {})}
+        if run_config.get("console", "compact") == "compact":  # before Ray's tip at its start
+            quiet.third_party()
         try:
-            cfg = Config.from_run_config({**context.run_config, **(overrides or {})})
+            cfg = Config.from_run_config(run_config)
             result = run(grid, cfg, out)  # checks the split against the model before any message
-        except ConfigError as err:
+        except ONE_LINE_FAILURES as err:
             log.error("pflower: %s", err)
             raise
         if on_report is not None:

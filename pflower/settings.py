@@ -953,8 +953,12 @@ def _describe(cls: type[BaseModel], err: ValidationError) -> str:
         name = str(e["loc"][0])
         key = name.replace("_", "-")
         if e["type"] == "extra_forbidden":
+            keys = [info.alias or k.replace("_", "-") for k, info in cls.model_fields.items()]
+            close = difflib.get_close_matches(key, keys, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
             lines.append(
-                f"key {key!r} = {e['input']!r}: unknown key; see docs/reference/run-config.md"
+                f"key {key!r} = {e['input']!r}: unknown key{hint}; every key is in "
+                "docs/reference/run-config.md"
             )
         elif e["type"] == "literal_error" and name.replace("-", "_") in cls.model_fields:
             names = get_args(cls.model_fields[name.replace("-", "_")].annotation)

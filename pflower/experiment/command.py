@@ -1,4 +1,5 @@
-"""The command line: ``python -m pflower.experiment FILE`` and ``pflower experiment FILE``."""
+"""The command line: ``python -m pflower.experiment FILE`` and the ``pflower`` console script
+(``pflower experiment FILE``, ``pflower run``, ``pflower check-config``: ``pflower.launch``)."""
 
 from __future__ import annotations
 
@@ -87,10 +88,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if len(rows) == len(experiment.runs) else 1
 
 
+#: the ``pflower`` console script's commands: name -> (module, function, what it does)
+COMMANDS = {
+    "run": ("pflower.launch", "run", "flwr run --stream; exit 0 only if the run completed"),
+    "check-config": ("pflower.launch", "check", "validate a run config offline"),
+    "experiment": ("pflower.experiment.command", "main", "run an experiment file"),
+}
+
+
 def cli() -> None:
-    """The ``pflower`` console script: ``pflower experiment FILE [options]``."""
+    """The ``pflower`` console script: ``pflower run [APP] [SUPERLINK] [flwr run options]``,
+    ``pflower check-config [APP] --run-config "..."``, ``pflower experiment FILE [options]``."""
+    import importlib
+
     argv = sys.argv[1:]
-    if not argv or argv[0] != "experiment":
-        print("usage: pflower experiment FILE [options] (pflower experiment --help)")
+    if not argv or argv[0] not in COMMANDS:
+        usage = "\n".join(f"  pflower {name:<13} {what}" for name, (*_, what) in COMMANDS.items())
+        print(f"usage: pflower COMMAND [options] (pflower COMMAND --help)\n{usage}")
         raise SystemExit(2)
-    raise SystemExit(main(argv[1:]))
+    module, function, _ = COMMANDS[argv[0]]
+    raise SystemExit(getattr(importlib.import_module(module), function)(argv[1:]))

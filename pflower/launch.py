@@ -1,0 +1,212 @@
+"""``pflower run`` and ``pflower check-config``: Flower's ``flwr run`` with an exit status that
+says how the run ended, and the run config checked before anything starts.
+
+Flower 1.41's ``flwr run --stream`` exits 0 however the run ends: it streams the run's log and
+never reads the run's status (a ServerApp that raised prints "Exit Code: 700" in the log, and
+the command still exits 0). And the SuperLink refuses a key the app does not declare with
+"[code: 15] Invalid run configuration" without naming the key. So::
+
+    pflower check-config --run-config "robust-aggregator='krun'"    # offline, < 1 s
+    pflower run . --run-config "num-server-rounds=5"                 # flwr run . --stream, then
+
+``pflower run`` checks the run config offline first (for pflower's own app: the ServerApp
+component ``pflower.server_app:app``), runs ``flwr run <app> [<superlink>] --stream ...`` with
+the same arguments, reads the run's final status (``flwr ls --run-id N --format json``), and
+exits with
+
+- 0: the run finished ``completed``;
+- 1: it finished ``failed`` or ``stopped`` (one line: Flower's status details, e.g. the
+  ServerApp's refusal of a key or ``RunFailed``'s "3 consecutive training rounds applied no
+  reply"), or its status could not be read;
+- 2: the run config was refused before anything started (one line: key, value, what is
+  allowed), or the arguments are wrong;
+- ``flwr run``'s own non-zero exit code when Flower refused the run (it printed why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+
+from pflower.config import Config, ConfigError
+
+#: the ServerApp component of pflower's own app (pyproject's [tool.flwr.app.components])
+PFLOWER_SERVERAPP = "pflower.server_app:app"
+#: exit codes (module docstring)
+COMPLETED, FAILED, REFUSED = 0, 1, 2
+#: how long a run's status may take to read "finished" after its log stream ended
+STATUS_WAIT_S = 30.0
+
+
+def _flwr() -> str:
+    """Flower's CLI: next to this Python first (the virtual environment's bin/)."""
+    here = Path(sys.executable).parent / "flwr"
+    return str(here) if here.exists() else (shutil.which("flwr") or "flwr")
+
+
+def app_config(app: str | Path) -> tuple[dict, str | None]:
+    """The app's run config as ``[tool.flwr.app.config]`` declares it (flat dashed keys) and its
+    ServerApp component, from ``<app>/pyproject.toml``."""
+    from flwr.common.config import flatten_dict
+
+    path = Path(app).expanduser() / "pyproject.toml"
+    try:
+        project = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise ConfigError(f"cannot read the app's configuration {path}: {err}") from None
+    flwr_app = project.get("tool", {}).get("flwr", {}).get("app", {})
+    return flatten_dict(flwr_app.get("config", {})), flwr_app.get("components", {}).get("serverapp")
+
+
+def overrides_of(run_config: Sequence[str]) -> dict:
+    """``--run-config`` arguments as ``flwr run`` parses them ("k=v k2='s'" strings, or one
+    TOML file)."""
+    from flwr.common.config import parse_config_args
+
+    try:
+        return parse_config_args(list(run_config) or None)
+    except Exception as err:  # click's exception for bad TOML, OSError for a missing file
+        message = getattr(err, "message", None) or str(err)
+        raise ConfigError(f"--run-config {' '.join(run_config)!r}: {message}") from None
+
+
+def check_config(app: str | Path, run_config: Sequence[str]) -> Config:
+    """The run config ``flwr run <app> --run-config ...`` would give pflower's ServerApp,
+    validated: a ``ConfigError`` names the key, the value and what is allowed, also for a key
+    Flower's SuperLink would refuse without naming it (one the app does not declare)."""
+    defaults, _ = app_config(app)
+    overrides = overrides_of(run_config)
+    cfg = Config.from_run_config({**defaults, **overrides})  # unknown keys named here
+    undeclared = [k for k in overrides if k not in defaults]
+    if undeclared:  # a pflower key the app's pyproject.toml leaves out
+        key = undeclared[0]
+        raise ConfigError(
+            f"key {key!r} = {overrides[key]!r}: not declared in {Path(app) / 'pyproject.toml'}'s "
+            "[tool.flwr.app.config], so Flower refuses it ('[code: 15] Invalid run "
+            "configuration'); add it there with its default"
+        )
+    return cfg
+
+
+def run_status(run_id: int, superlink: str | None) -> dict:
+    """The run's entry of ``flwr ls --run-id N --format json`` (status, status-details, ...),
+    once its status is ``finished:*`` (or after ``STATUS_WAIT_S``)."""
+    command = [_flwr(), "ls", *([superlink] if superlink else []), "--run-id", str(run_id)]
+    deadline = time.monotonic() + STATUS_WAIT_S
+    while True:
+        done = subprocess.run(
+            [*command, "--format", "json"], capture_output=True, text=True, timeout=120
+        )
+        try:
+            answer = json.loads(done.stdout)
+        except json.JSONDecodeError:
+            answer = {"success": False, "error-message": (done.stdout + done.stderr).strip()}
+        if not answer.get("success") or not answer.get("runs"):
+            said = " ".join(str(answer.get("error-message", "no such run")).split())
+            raise RuntimeError(f"flwr ls --run-id {run_id}: {said}")
+        run = answer["runs"][0]
+        if str(run.get("status", "")).startswith("finished") or time.monotonic() > deadline:
+            return run
+        time.sleep(1.0)
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pflower run",
+        description="flwr run --stream, exiting 0 only if the run completed (pflower.launch)",
+    )
+    p.add_argument("app", nargs="?", default=".", help="the Flower app (default: .)")
+    p.add_argument("superlink", nargs="?", default=None, help="the SuperLink connection")
+    p.add_argument("--run-config", "-c", action="append", default=[], help="as for flwr run")
+    p.add_argument("--federation", default=None, help="as for flwr run")
+    p.add_argument("--federation-config", action="append", default=[], help="as for flwr run")
+    p.add_argument("--stream", action="store_true", help="accepted; the log is always streamed")
+    p.add_argument("--no-check", action="store_true", help="skip the offline run-config check")
+    return p
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """``pflower run``: the module docstring."""
+    args = _run_parser().parse_args(argv)
+    local = not args.app.startswith("@")  # "@account/app": a remote app, no local config
+    if local and not args.no_check:
+        try:
+            _, serverapp = app_config(args.app)
+            if serverapp == PFLOWER_SERVERAPP:
+                check_config(args.app, args.run_config)
+        except ConfigError as err:
+            print(f"pflower run: {err}", file=sys.stderr, flush=True)
+            return REFUSED
+    command = [_flwr(), "run", args.app, *([args.superlink] if args.superlink else []), "--stream"]
+    for item in args.run_config:
+        command += ["--run-config", item]
+    for item in args.federation_config:
+        command += ["--federation-config", item]
+    if args.federation:
+        command += ["--federation", args.federation]
+    run_id = None
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
+    try:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            found = re.search(r"Successfully started run (\d+)", line)
+            if found and run_id is None:
+                run_id = int(found.group(1))
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.wait()
+        where = f"run {run_id} goes on (flwr log {run_id}; flwr stop {run_id})" if run_id else ""
+        print(f"\npflower run: stopped following the log; {where}".rstrip("; "), file=sys.stderr)
+        return 130
+    if code != 0 or run_id is None:
+        return code or FAILED  # Flower refused the run and said why
+    try:
+        status = run_status(run_id, args.superlink)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+        print(f"pflower run: run {run_id}: cannot read its status: {err}", file=sys.stderr)
+        return FAILED
+    state = str(status.get("status", "unknown"))
+    if state == "finished:completed":
+        return COMPLETED
+    details = " ".join(str(status.get("status-details") or "").split())  # one line
+    print(
+        f"pflower run: run {run_id} {state}" + (f": {details}" if details else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+    return FAILED
+
+
+def check(argv: Sequence[str] | None = None) -> int:
+    """``pflower check-config``: validate a run config offline."""
+    p = argparse.ArgumentParser(
+        prog="pflower check-config",
+        description=(
+            "Validate a run config offline, as pflower's ServerApp would: every key (an unknown "
+            "one named, which Flower's own refusal does not) and every value"
+        ),
+    )
+    p.add_argument("app", nargs="?", default=".", help="the Flower app (default: .)")
+    p.add_argument("--run-config", "-c", action="append", default=[], help="as for flwr run")
+    args = p.parse_args(argv)
+    try:
+        cfg = check_config(args.app, args.run_config)
+    except ConfigError as err:
+        print(f"pflower check-config: {err}", file=sys.stderr)
+        return REFUSED
+    defaults = Config.from_run_config(app_config(args.app)[0]).to_flat()
+    changed = {k: v for k, v in cfg.to_flat().items() if v != defaults.get(k)}
+    said = ", ".join(f"{k}={v!r}" for k, v in changed.items()) or "the app's defaults"
+    print(f"run config OK: {said}")
+    return COMPLETED

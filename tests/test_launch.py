@@ -1,0 +1,78 @@
+"""Loud failures (#31 item 3): ``pflower check-config`` names a bad key or value offline, and
+``pflower run`` exits non-zero with one line when a run is refused or applies no reply, where
+Flower 1.41's ``flwr run --stream`` exits 0 however the run ends."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pflower import launch
+from pflower.config import ConfigError
+
+ROOT = Path(__file__).parents[1]
+PFLOWER = str(Path(sys.executable).parent / "pflower")
+
+
+def test_check_config_names_the_key_the_value_and_what_is_allowed(capsys):
+    with pytest.raises(ConfigError, match=r"'robust-aggregator' = 'krun'.*did you mean 'krum'"):
+        launch.check_config(ROOT, ["robust-aggregator='krun'"])
+    # Flower's SuperLink refuses an unknown key without naming it ("[code: 15]")
+    with pytest.raises(ConfigError, match=r"'num-rounds' = 5: unknown key.*'num-server-rounds'"):
+        launch.check_config(ROOT, ["num-rounds=5"])
+    assert launch.check(["--run-config", "lr=-1", str(ROOT)]) == launch.REFUSED
+    said = capsys.readouterr().err
+    assert said.startswith("pflower check-config: ") and "'lr' = -1" in said
+    assert said.count("\n") == 1  # one line, no traceback
+    assert launch.check([str(ROOT), "-c", "algorithm='pflego' lr=0.1"]) == launch.COMPLETED
+    assert "algorithm='pflego'" in capsys.readouterr().out
+
+
+def test_check_config_names_a_key_the_apps_pyproject_leaves_out(tmp_path):
+    """A user's own app declaring fewer keys: Flower would refuse the others unnamed."""
+    text = (ROOT / "pyproject.toml").read_text()
+    (tmp_path / "pyproject.toml").write_text(text.replace('robust-aggregator = "auto"\n', "", 1))
+    assert "robust-aggregator" not in launch.app_config(tmp_path)[0]
+    with pytest.raises(ConfigError, match="'robust-aggregator' = 'krum': not declared in"):
+        launch.check_config(tmp_path, ["robust-aggregator='krum'"])
+
+
+def test_the_pflower_script_lists_its_commands():
+    done = subprocess.run([PFLOWER], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert all(f"pflower {c}" in done.stdout for c in ("run", "check-config", "experiment"))
+
+
+def _pflower_run(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    return subprocess.run(
+        [PFLOWER, "run", ".", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(not shutil.which("flwr", path=str(Path(PFLOWER).parent)), reason="no flwr")
+def test_pflower_run_exits_with_how_the_run_ended():
+    """On Flower's local SuperLink, as a user runs it: a refused key stops before anything
+    starts (2); a run whose every reply is dropped ends failed (1) with RunFailed's one line
+    and no traceback; a run that completes exits 0."""
+    refused = _pflower_run("--run-config", "robust-aggregator='krun'")
+    assert refused.returncode == launch.REFUSED, refused.stderr
+    assert "did you mean 'krum'" in refused.stderr and "Successfully started" not in refused.stdout
+
+    tiny = "dataset='digits' evaluate-every=3 num-server-rounds=3"
+    failed = _pflower_run("-c", f"{tiny} lr=1e30", "--federation-config", "num-supernodes=3")
+    assert failed.returncode == launch.FAILED, failed.stdout[-2000:]
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith("pflower run: run ") and "finished:failed" in last
+    assert "3 consecutive training rounds applied no reply" in last
+    assert "Traceback" not in failed.stdout + failed.stderr  # OneLineFailures
+
+    done = _pflower_run("-c", tiny, "--federation-config", "num-supernodes=3")
+    assert done.returncode == launch.COMPLETED, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "results: " in done.stdout
