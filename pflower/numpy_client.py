@@ -204,7 +204,9 @@ def numpy_client_app(client_fn: Callable[[Context], NumPyClient]) -> ClientApp:
         new, num_examples, metrics = made.fit(arrays, config)
         if len(new) != len(names):
             raise ValueError(f"fit returned {len(new)} arrays for {len(names)} received")
-        reply = ArrayRecord({k: Array(np.ascontiguousarray(a)) for k, a in zip(names, new)})
+        # np.asarray: keeps a 0-dim array 0-dim (np.ascontiguousarray makes it (1,)) and turns
+        # a NumPy scalar, which Array refuses, into one
+        reply = ArrayRecord({k: Array(np.asarray(a)) for k, a in zip(names, new)})
         content = RecordDict(
             {
                 ARRAYS: reply,

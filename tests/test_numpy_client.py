@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.client import NumPyClient
 
 from pflower.config import Config
 from pflower.context_store import META
@@ -125,3 +127,28 @@ def test_every_supported_algorithm_with_a_pretraining_round(algorithm):
     # chance is 1/7 on these partitions; APFL's decaying step needs more rounds than 1 + 2
     # (its learning is checked over 10 rounds above)
     assert report.final["personal-accuracy"] > (0.14 if algorithm == "apfl" else 0.3)
+
+
+def test_the_adapter_keeps_every_array_s_shape_and_dtype(task_identity):
+    """A NumPyClient's reply keeps a 0-dim array 0-dim and its dtype; a NumPy scalar
+    (what ``x * 2`` gives for a 0-dim ``x``) becomes a 0-dim array (issue 31, item 6)."""
+
+    class Doubling(NumPyClient):
+        def fit(self, parameters, config):
+            return [p * 2 for p in parameters], 1, {}
+
+    app = numpy_client_app(lambda context: Doubling())
+    sent = {
+        "scale": np.asarray(1.5, dtype=np.float32),
+        "bias": np.zeros((1,), dtype=np.float64),
+        "weight": np.ones((2, 3), dtype=np.float16),
+    }
+    record = ArrayRecord({k: Array(v) for k, v in sent.items()})
+    content = RecordDict({"arrays": record, "config": ConfigRecord({})})
+    context = Context(1, 7, {"partition-id": 0}, RecordDict(), {})
+    reply = app(Message(content=content, dst_node_id=7, message_type="train"), context)
+    back = {k: a.numpy() for k, a in reply.content["arrays"].items()}
+    assert {k: (v.shape, v.dtype) for k, v in back.items()} == {
+        k: (v.shape, v.dtype) for k, v in sent.items()
+    }
+    assert back["scale"] == 3.0

@@ -1,6 +1,6 @@
-"""Every pflower strategy keeps a 0-dim (scalar) shared parameter 0-dim: in every message it
-sends and in the final shared parameters (issue 31, item 6; RobustFedAvg in
-tests/test_robust_fedavg.py)."""
+"""Every pflower strategy keeps every array's shape and dtype, a 0-dim (scalar) shared
+parameter included: in every message it sends and in the final shared parameters (issue 31,
+item 6; RobustFedAvg in tests/test_robust_fedavg.py)."""
 
 from __future__ import annotations
 
@@ -39,25 +39,7 @@ EXTRA = {
 }
 
 
-#: PersonalizedStrategy.aggregate_train (pflower/strategies/server.py, ``arrays = ArrayRecord(
-#: {k: Array(np.ascontiguousarray(v, dtype=current[k].dtype)) ...})``) turns a 0-dim array into
-#: shape (1,), so the second round's message carries (1,) and the clients refuse it;
-#: ``np.asarray(v, dtype=...)`` (or ``.reshape(np.shape(v))``) keeps it. Strict: once
-#: server.py keeps the shape, these pass and the mark must go.
-SERVER_PY_0_DIM = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="server.py's aggregate_train: np.ascontiguousarray makes a 0-dim array (1,)",
-)
-
-
-@pytest.mark.parametrize(
-    "algorithm",
-    [
-        pytest.param(a, marks=[] if a in ("local", "async-ffgg") else [SERVER_PY_0_DIM])
-        for a in sorted(ALGORITHMS)
-    ],
-)
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_a_scalar_shared_parameter_stays_0_dim(algorithm, tmp_path):
     overrides = {
         "algorithm": algorithm,
@@ -75,17 +57,24 @@ def test_a_scalar_shared_parameter_stays_0_dim(algorithm, tmp_path):
         **EXTRA.get(algorithm, {}),
     }
     app = build_client_app(overrides)
-    received = []
+    received: dict[str, set[tuple]] = {}
 
     def recording(msg, context):
+        # every array of a record that carries model parameters (weights, gradients,
+        # controls): one layout per name over the whole run
         for record in msg.content.array_records.values():
             if "temperature" in record:
-                received.append(tuple(record["temperature"].shape))
+                for name, array in record.items():
+                    received.setdefault(name, set()).add((tuple(array.shape), array.dtype))
         return app(msg, context)
 
     report = run_local(overrides, 3, client_app=recording)
     shared = report.shared or {}
     if algorithm != "local":  # nothing is shared
         assert received, "no message carried the shared scalar"
-        assert set(received) == {()}, received
+        assert received["temperature"] == {((), "float32")}, received["temperature"]
+        for name, layouts in received.items():
+            assert len(layouts) == 1, (name, layouts)
+            assert {dtype for _, dtype in layouts} == {"float32"}, (name, layouts)
         assert shared["temperature"].shape == torch.Size([]), shared["temperature"].shape
+        assert all(t.dtype == torch.float32 for t in shared.values())

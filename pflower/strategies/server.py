@@ -635,8 +635,10 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         self.settle_round(server_round, applied=len(updates))
         metrics.update(self.round_metrics(updates))
         entry.train = metrics
+        # np.asarray, not np.ascontiguousarray: that one turns a 0-dim array into shape (1,),
+        # which the clients then refuse as a layout they do not hold
         arrays = ArrayRecord(
-            {k: Array(np.ascontiguousarray(v, dtype=current[k].dtype)) for k, v in new.items()}
+            {k: Array(np.asarray(v, dtype=current[k].dtype)) for k, v in new.items()}
         )
         return arrays, MetricRecord(metrics)
 
