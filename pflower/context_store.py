@@ -30,6 +30,10 @@ personal init as a new client would (``ScopedStore.load`` returns nothing), and 
 saves becomes the newest entry, which the next rounds start from. Stored values that are
 absurd on their face (non-finite, or far beyond the model's scale) never get this far:
 ``pflower.task.state.load_matching`` refuses them at load.
+
+**Inference** (``pflower.predict``) pairs a run's final shared weights with the entry that run
+wrote (its run tag, recorded in the run's ``config.json``, and its scope), never with one a
+later run or another experiment left on the device (``stored_entries``, ``describe_scope``).
 """
 
 from __future__ import annotations
@@ -122,7 +126,10 @@ class Scope:
 
 
 @dataclass
-class _Entry:
+class StoredEntry:
+    """One stored version of a key: its tensors and what wrote it (``meta``: the scope, the
+    run tag and the round)."""
+
     slot: str  # the raw store's key
     tensors: dict[str, torch.Tensor]
     meta: dict | None  # None: written without a scope (an older pflower, a hand-made file)
@@ -134,6 +141,51 @@ class _Entry:
     @property
     def round(self) -> int:
         return int(self.meta.get("round", 0)) if self.meta else 0
+
+    @property
+    def scope(self) -> dict | None:
+        scope = self.meta.get("scope") if self.meta else None
+        return scope if isinstance(scope, dict) else None
+
+    def describe(self) -> str:
+        """What wrote this entry, in words (error messages name it beside the expected one)."""
+        if self.scope is None:
+            return "no record of what wrote it (an older pflower or a hand-made file)"
+        return f"run {self.run or '(untagged)'}, round {self.round}, {describe_scope(self.scope)}"
+
+
+def describe_scope(scope: Mapping) -> str:
+    """A scope as ``experiment 'x', algorithm 'fedalt', ...`` (every field, in order)."""
+    return ", ".join(f"{k} {scope.get(k)!r}" for k in Scope.__dataclass_fields__)
+
+
+def stored_entries(
+    raw: Store, key: str, unreadable: dict[str, str] | None = None
+) -> list[StoredEntry]:
+    """The stored versions of ``key`` in ``raw`` (the newest, then ``<key>.prev``), newest
+    first; the slots whose file cannot be read go into ``unreadable`` (slot: reason), not
+    into the list."""
+    entries = []
+    # DirectoryStore.read raises on an unreadable file where its load logs a fresh start
+    read = raw.read if isinstance(raw, DirectoryStore) else raw.load
+    for slot in (check_key(key), key + PREVIOUS):
+        try:
+            tensors = read(slot)
+        except UnreadableState as err:
+            if unreadable is not None:
+                unreadable[slot] = str(err)
+            continue
+        if tensors is None:
+            continue
+        meta_tensor = tensors.pop(META, None)
+        meta = None
+        if meta_tensor is not None:
+            try:
+                meta = json.loads(bytes(meta_tensor.to(torch.uint8).tolist()).decode())
+            except (ValueError, UnicodeDecodeError):
+                meta = None
+        entries.append(StoredEntry(slot, tensors, meta if isinstance(meta, dict) else None))
+    return entries
 
 
 class ScopedStore:
@@ -176,35 +228,13 @@ class ScopedStore:
         self.server_round, self.training, self.carry = server_round, training, carry
         self.reset = reset
 
-    def _entries(self, key: str, unreadable: dict[str, str] | None = None) -> list[_Entry]:
-        """The stored entries of ``key``, newest first; the slots whose file cannot be read
-        go into ``unreadable`` (slot: reason), not into the list."""
-        entries = []
-        # DirectoryStore.read raises on an unreadable file where its load logs a fresh start
-        read = self.raw.read if isinstance(self.raw, DirectoryStore) else self.raw.load
-        for slot in (check_key(key), key + PREVIOUS):
-            try:
-                tensors = read(slot)
-            except UnreadableState as err:
-                if unreadable is not None:
-                    unreadable[slot] = str(err)
-                continue
-            if tensors is None:
-                continue
-            meta_tensor = tensors.pop(META, None)
-            meta = None
-            if meta_tensor is not None:
-                try:
-                    meta = json.loads(bytes(meta_tensor.to(torch.uint8).tolist()).decode())
-                except (ValueError, UnicodeDecodeError):
-                    meta = None
-            entries.append(_Entry(slot, tensors, meta if isinstance(meta, dict) else None))
-        return entries
+    def _entries(self, key: str, unreadable: dict[str, str] | None = None) -> list[StoredEntry]:
+        return stored_entries(self.raw, key, unreadable)
 
-    def _mine(self, entry: _Entry) -> bool:
+    def _mine(self, entry: StoredEntry) -> bool:
         return entry.meta is not None and entry.meta.get("scope") == asdict(self.scope)
 
-    def _usable(self, entry: _Entry) -> bool:
+    def _usable(self, entry: StoredEntry) -> bool:
         """Whether this message may start from ``entry`` (same scope assumed)."""
         if not self.run:
             return True
@@ -233,7 +263,7 @@ class ScopedStore:
         self._report_foreign(key, entries)
         return None
 
-    def _choose(self, entries: list[_Entry]) -> _Entry | None:
+    def _choose(self, entries: list[StoredEntry]) -> StoredEntry | None:
         """The entry this message starts from, if any."""
         usable = [e for e in entries if self._mine(e) and self._usable(e)]
         own = [e for e in usable if self.run and e.run == self.run]
@@ -243,7 +273,7 @@ class ScopedStore:
             return usable[0]
         return None
 
-    def _report_foreign(self, key: str, entries: list[_Entry]) -> None:
+    def _report_foreign(self, key: str, entries: list[StoredEntry]) -> None:
         foreign = [e for e in entries if not self._mine(e)]
         if foreign and len(foreign) == len(entries):
             newest = foreign[0]

@@ -113,6 +113,7 @@ def run(grid: Grid, cfg: Config, out: Path | None = None) -> report.RunReport:
         clients=strategy.final_clients,
         seconds=time.perf_counter() - started,
         shared=final.arrays.to_torch_state_dict() if final is not None else None,
+        run_tag=strategy.run_tag,
     )
     out = report.write(result, out)
     table = report.summary_table(result)

@@ -1,7 +1,8 @@
 """Run outputs: ``outputs/<timestamp>-<algorithm>/`` and the summary table.
 
-- ``config.json``: the run config (flat dashed keys), the split actually used, and what
-  produced the run: pflower / flwr / torch / Python versions, the git commit of pflower's
+- ``config.json``: the run config (flat dashed keys), the split actually used, the run tag
+  the devices stamp the personal state of this run with (``pflower.predict`` loads only
+  that), and what produced the run: pflower / flwr / torch / Python versions, the git commit of pflower's
   source tree if it is one, the machine;
 - ``results.json``: per round: train aggregates, evaluate aggregates, dropped replies with
   reasons, seconds, array bytes sent and received (``wire``); and the final evaluation;

@@ -43,6 +43,9 @@ class RunReport:
     shared: dict | None = None
     #: where ``write`` put the files
     path: Path | None = None
+    #: the server's run tag, with which the devices stamp the personal state this run wrote
+    #: (``context_store``): ``pflower.predict`` pairs the shared weights with that state only
+    run_tag: str = ""
 
     @property
     def final(self) -> dict:
@@ -112,6 +115,7 @@ def write(report: RunReport, out: Path | None = None) -> Path:
                 "seed": report.cfg.seed,
                 "split": report.split,
                 "num-nodes": report.num_nodes,
+                "run-tag": report.run_tag or None,
                 "produced-by": provenance(),
             },
             indent=2,
