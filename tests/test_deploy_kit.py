@@ -9,6 +9,8 @@ import subprocess
 import time
 import tomllib
 
+import pytest
+
 from pflower import deploy
 
 
@@ -107,3 +109,112 @@ def test_connection_is_a_flower_configuration_the_cli_reads(tmp_path):
         else:
             os.environ["FLWR_HOME"] = before
     assert resolved.name == "other" and resolved.address == "127.0.0.1:9999"
+
+
+#: what ``flwr supernode register`` prints for a key registered before (Flower 1.41, rich)
+REGISTERED_BOX = (
+    "╭─ Error ──────────────────────────────────────────╮\n"
+    "│ Public key already in use.                       │\n"
+    "╰──────────────────────────────────────────────────╯\n"
+)
+#: the end of a SuperNode's log when Flower refuses it (colour codes as Flower writes them)
+REFUSED_LOG = (
+    "\x1b[92mINFO \x1b[0m:      Starting Flower SuperNode\n"
+    "INFO:     Uvicorn running on http://127.0.0.1:42013 (Press CTRL+C to quit)\n"
+    "\x1b[91mERROR \x1b[0m:     Exit Code: 305\n"
+    "Failed to initialize the connection to the SuperLink.\n"
+    "[code: 2004] Failed to activate SuperNode.\n"
+    "The SuperNode could not establish a connection to the SuperLink.\n"
+    "\n"
+    "For more information, visit: <https://flower.ai/docs/framework/1.41/en/ref-exit-codes/305.html>\n"
+    "INFO:     Shutting down\n"
+    "\x1b[92mINFO \x1b[0m:      FastAPI lifespan: shutdown\n"
+)
+
+
+def test_flower_s_words_without_the_box_or_the_log_around_them():
+    assert deploy.flower_said(REGISTERED_BOX) == "Public key already in use."
+    said = deploy.flower_error(REFUSED_LOG)
+    assert said.splitlines() == [
+        "Exit Code: 305",
+        "Failed to initialize the connection to the SuperLink.",
+        "[code: 2004] Failed to activate SuperNode.",
+        "The SuperNode could not establish a connection to the SuperLink.",
+        "For more information, visit: "
+        "<https://flower.ai/docs/framework/1.41/en/ref-exit-codes/305.html>",
+    ]
+    assert deploy.flower_error("no error record\nlast words") == "no error record\nlast words"
+
+
+def _fake_flower(tmp_path, monkeypatch, supernode: str) -> None:
+    """``deploy up`` without Flower: SuperLink and gateway are ``sleep``s, ``flwr supernode
+    register`` answers as for a key registered before, ``flower-supernode`` runs the bash
+    ``supernode``; a SuperNode counts as started after 0.5 s instead of ``SETTLE_S``."""
+    from pflower.deploy import federation
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scripts = {
+        "flwr": f"printf '%s' '{REGISTERED_BOX}'; exit 1",
+        "flower-supernode": supernode,
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setattr(federation, "_bin", lambda name: str(bin_dir / name))
+    monkeypatch.setattr(federation, "SETTLE_S", 0.5)
+    monkeypatch.setattr(federation, "RETRY_S", 0.1)
+    monkeypatch.setattr(
+        federation.Federation,
+        "start_superlink",
+        lambda self: self._start("superlink", ["sleep", "71"]),
+    )
+    monkeypatch.setattr(
+        federation.Federation, "start_gateway", lambda self: self._start("gateway", ["sleep", "72"])
+    )
+
+
+def test_up_fails_with_flower_s_message_when_a_supernode_dies_at_its_start(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue 31, item 4: a SuperNode that exits within the settle time is not 'started':
+    ``up`` exits 1 with Flower's message from the node's log, and stops what it started."""
+    dying = (
+        "printf '\\033[91mERROR \\033[0m:     Exit Code: 300\\n"
+        "Flower refused this node for a reason of its own.\\n'; exit 1"
+    )
+    _fake_flower(tmp_path, monkeypatch, dying)
+    with pytest.raises(SystemExit) as exited:
+        deploy.main(["up", "--dir", str(tmp_path / "fed"), "--supernodes", "1"])
+    assert exited.value.code == 1
+    out, err = capsys.readouterr()
+    assert "supernode-0: key already registered (Flower: Public key already in use.)" in out
+    assert not set(out + err) & set("╭╮╰╯│─")  # Flower's words, not the CLI's box
+    assert "supernode-0: started" not in out
+    assert "supernode-0 exited (code 1)" in err
+    assert "Exit Code: 300\nFlower refused this node for a reason of its own." in err
+    assert json.loads((tmp_path / "fed" / "pids.json").read_text()) == {}  # all stopped
+
+
+def test_up_waits_out_a_dead_node_s_session_then_reports_the_node_started(
+    tmp_path, monkeypatch, capsys
+):
+    """A node killed without signing off: Flower refuses its key until the heartbeat lapses
+    (here: the first start); ``up`` says so, starts it again, and reports it started only
+    once it is alive after the settle time."""
+    once = tmp_path / "refused-once"
+    refused_then_alive = (
+        f"if [ -e {once} ]; then sleep 73; exit 0; fi; touch {once}; "
+        "echo '[code: 2004] Failed to activate SuperNode.'; exit 1"
+    )
+    _fake_flower(tmp_path, monkeypatch, refused_then_alive)
+    fed = deploy.Federation(tmp_path / "fed", supernodes=1)
+    try:
+        deploy.main(["up", "--dir", str(fed.root), "--supernodes", "1"])
+        out = capsys.readouterr().out
+        assert "still holds the session of the node that died" in out
+        pid = json.loads((fed.root / "pids.json").read_text())["supernode-0"]["pid"]
+        assert f"supernode-0: started (pid {pid}, alive after 0.5 s)" in out
+        assert deploy.alive(pid)
+    finally:
+        deploy.Federation(fed.root).stop_all()

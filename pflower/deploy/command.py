@@ -71,8 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "up":
         fed = Federation(args.dir, args.supernodes, args.port)
         try:
-            for line in fed.up():
-                print(line)
+            fed.up(say=lambda line: print(line, flush=True))
         except RuntimeError as err:  # Flower's own words, then what was started is stopped
             print(f"up failed: {err}", file=sys.stderr)
             fed.stop_all()

@@ -7,12 +7,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pflower.deploy.credentials import _write, connection, credentials
@@ -72,21 +73,68 @@ ACTIVATION_REFUSED = "Failed to activate SuperNode"
 #: how long the SuperLink keeps a silent node online: Flower's heartbeat interval (30 s)
 #: times its patience (2), plus one call timeout
 HEARTBEAT_WINDOW_S = 65
+#: how long a SuperNode must stay up before it counts as started: one Flower refuses
+#: (activation, TLS, its key) exits within a few seconds of its start
+SETTLE_S = 8.0
+#: the pause between two starts while the SuperLink still holds a dead node's session
+RETRY_S = 5.0
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+#: the characters of the box the ``flwr`` CLI (rich) draws around its errors
+_BOX = "╭╮╰╯│─┌┐└┘├┤━┃"
+#: a line of Flower's log that starts a new record ("ERROR :     Exit Code: 305")
+_LOG_RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*:\s*")
+
+
+class SuperNodeDied(RuntimeError):
+    """A SuperNode that exited before it counted as started (``SETTLE_S``), with what
+    Flower said in its log."""
+
+
+def flower_said(text: str) -> str:
+    """Flower's message in ``text`` (the ``flwr`` CLI's output), without colour codes and
+    without the box the CLI draws around an error: its border lines (``╭─ Error ─╮``,
+    ``╰──╯``) go, its side bars are stripped, the words stay as Flower wrote them."""
+    lines = []
+    for line in _ANSI.sub("", text).splitlines():
+        bare = line.strip()
+        if not bare or bare[0] in "╭╰┌└" or not bare.strip(_BOX + " "):
+            continue
+        lines.append(bare.strip(_BOX).strip() if bare[0] in "│┃" else bare)
+    return "\n".join(lines)
+
+
+def flower_error(log: str, lines: int = 15) -> str:
+    """What Flower said when a process died, from its log: the last ERROR record, verbatim
+    (Flower's exit message: code, reason, help link), up to the next record; without one,
+    the last ``lines`` lines of the log (``flower_said``)."""
+    said = flower_said(log).splitlines()
+    starts = [n for n, line in enumerate(said) if line.startswith("ERROR")]
+    if not starts:
+        return "\n".join(said[-lines:])
+    block = [_LOG_RECORD.sub("", said[starts[-1]])]
+    for line in said[starts[-1] + 1 :]:
+        if _LOG_RECORD.match(line):
+            break
+        block.append(line)
+    return "\n".join(block)
 
 
 def register(creds: Path, key: str, connection_name: str, env: Mapping[str, str]) -> str:
     """Register SuperNode ``key``'s public key with the SuperLink (``flwr supernode
-    register``), as the operator does once per device; returns Flower's message. A key that
-    is registered already is not an error (``up`` on an existing directory); anything else
-    Flower refuses is raised with Flower's own words."""
+    register``), as the operator does once per device; returns Flower's message
+    (``flower_said``: its words, not the box the CLI draws). A key that is registered
+    already is not an error (``up`` on an existing directory); anything else Flower refuses
+    is raised with Flower's own words."""
     done = subprocess.run(
         [_bin("flwr"), "supernode", "register", str(creds / f"{key}.pub"), connection_name],
-        env=dict(env),
+        # wide enough that the CLI does not wrap Flower's message inside its box
+        env={**env, "COLUMNS": "1000"},
         capture_output=True,
         text=True,
         timeout=120,
     )
-    said = (done.stdout + done.stderr).strip()
+    said = flower_said(done.stdout + done.stderr)
     if done.returncode != 0 and ALREADY_REGISTERED not in said.lower():
         raise RuntimeError(f"flwr supernode register {key}.pub failed:\n{said}")
     return said
@@ -238,41 +286,67 @@ class Federation:
         return self._start(f"supernode-{i}", command)
 
     def restart_supernode(self, i: int, timeout: float = 2 * HEARTBEAT_WINDOW_S, **node_config):
-        """Start SuperNode ``i`` again after it died. A node killed without signing off (kill
-        -9, power loss) keeps its session on the SuperLink until Flower's heartbeat lapses
-        (``HEARTBEAT_WINDOW_S``); until then Flower refuses the key ("Failed to activate
-        SuperNode", the same words as for an unregistered key). Say so, and retry."""
-        label = f"supernode-{i}"
-        self.stop(label)  # whatever is left of the old one (its children)
-        deadline, told = time.monotonic() + timeout, False
-        while True:
-            mark = (
-                (self.logs / f"{label}.log").stat().st_size
-                if (self.logs / f"{label}.log").exists()
-                else 0
-            )
-            proc = self.start_supernode(i, **node_config)
-            settle = time.monotonic() + 8.0
-            while proc.poll() is None and time.monotonic() < settle:
-                time.sleep(0.2)
-            if proc.poll() is None:
-                return proc
-            with open(self.logs / f"{label}.log", "rb") as f:
-                f.seek(mark)
-                said = f.read().decode(errors="replace")
-            if ACTIVATION_REFUSED not in said or time.monotonic() > deadline:
-                raise RuntimeError(f"{label} did not start:\n{said[-2000:]}")
-            if not told:
-                print(
-                    f"{label}: the SuperLink still holds the session of the node that died "
-                    f"(Flower: '{ACTIVATION_REFUSED}'); it lets the key in again once that "
-                    f"node's heartbeat lapses (up to {HEARTBEAT_WINDOW_S} s). Retrying every "
-                    "5 s...",
-                    flush=True,
-                )
-                told = True
-            self.processes.pop(label, None)
-            time.sleep(5)
+        """Start SuperNode ``i`` again after it died (``start_supernodes``: once it is alive
+        after ``SETTLE_S``, waiting out the dead node's session on the SuperLink)."""
+        self.stop(f"supernode-{i}")  # whatever is left of the old one (its children)
+        return self.start_supernodes([i], timeout, **node_config)[i]
+
+    def start_supernodes(
+        self, indices, timeout: float = 2 * HEARTBEAT_WINDOW_S, **node_config
+    ) -> dict[int, subprocess.Popen]:
+        """Start SuperNodes ``indices`` and return once each is still alive ``SETTLE_S``
+        after its start: a node Flower refuses exits within seconds, and ``up`` must not
+        call it started.
+
+        A node killed without signing off (kill -9, power loss) keeps its session on the
+        SuperLink until Flower's heartbeat lapses (``HEARTBEAT_WINDOW_S``); until then Flower
+        refuses the key ("Failed to activate SuperNode", the same words as for an
+        unregistered key) and the new node exits. Say so, and start it again every
+        ``RETRY_S`` until ``timeout``. A node that dies for any other reason, or still after
+        ``timeout``, raises ``SuperNodeDied`` with Flower's message from its log
+        (``flower_error``)."""
+        deadline = time.monotonic() + timeout
+        started = {i: self._launch(i, **node_config) for i in indices}
+        _settle([proc for _, proc in started.values()])
+        alive = {}
+        for i, (mark, proc) in started.items():
+            label, told = f"supernode-{i}", False
+            while proc.poll() is not None:
+                said = self._log_since(label, mark)
+                if ACTIVATION_REFUSED not in said or time.monotonic() > deadline:
+                    self.processes.pop(label, None)
+                    self.entries.pop(label, None)
+                    self._save_pids()
+                    raise SuperNodeDied(
+                        f"{label} exited (code {proc.returncode}) within {SETTLE_S:g} s of "
+                        f"its start; Flower said ({self.logs / f'{label}.log'}):\n"
+                        + flower_error(said)
+                    )
+                if not told:
+                    print(
+                        f"{label}: the SuperLink still holds the session of the node that "
+                        f"died (Flower: '{ACTIVATION_REFUSED}'); it lets the key in again once "
+                        f"that node's heartbeat lapses (up to {HEARTBEAT_WINDOW_S} s). "
+                        f"Retrying every {RETRY_S:g} s...",
+                        flush=True,
+                    )
+                    told = True
+                time.sleep(RETRY_S)
+                mark, proc = self._launch(i, **node_config)
+                _settle([proc])
+            alive[i] = proc
+        return alive
+
+    def _launch(self, i: int, **node_config) -> tuple[int, subprocess.Popen]:
+        """SuperNode ``i`` started, with where its log stood before (what it says after)."""
+        path = self.logs / f"supernode-{i}.log"
+        mark = path.stat().st_size if path.exists() else 0
+        return mark, self.start_supernode(i, **node_config)
+
+    def _log_since(self, label: str, mark: int) -> str:
+        with open(self.logs / f"{label}.log", "rb") as f:
+            f.seek(mark)
+            return f.read().decode(errors="replace")
 
     def stop(self, label: str, timeout: float = 5.0) -> None:
         """Stop ``label``'s process and everything below it, if it is still the process
@@ -292,10 +366,12 @@ class Federation:
         for label in dict.fromkeys([*order, *self.entries]):
             self.stop(label)
 
-    def up(self) -> list[str]:
+    def up(self, say: Callable[[str], None] | None = None) -> list[str]:
         """Everything ``python -m pflower.deploy up`` starts, reusing what already runs
-        (a second ``up`` on the same directory changes nothing); returns what it did."""
-        said = []
+        (a second ``up`` on the same directory changes nothing); returns what it did, and
+        passes each line to ``say`` as it happens (the command prints them: a failure later
+        on does not hide what was done before it)."""
+        said = _Said(say)
         self.prepare()
         for label, start in (("superlink", self.start_superlink), ("gateway", self.start_gateway)):
             if self.running(label):
@@ -303,15 +379,20 @@ class Federation:
             else:
                 start()
                 said.append(f"{label}: started (pid {self.entries[label]['pid']})")
+        starting = []
         for i in range(self.supernodes):
             label = f"supernode-{i}"
             if self.running(label):
                 said.append(f"{label}: already running (pid {self.entries[label]['pid']})")
                 continue
             flower = self.register(i)
-            said.append(f"{label}: key registered ({flower.splitlines()[-1] if flower else 'ok'})")
-            self.start_supernode(i)
-            said.append(f"{label}: started (pid {self.entries[label]['pid']})")
+            again = ALREADY_REGISTERED in flower.lower()
+            done = "key already registered" if again else "key registered"
+            said.append(f"{label}: {done} (Flower: {' '.join(flower.splitlines()) or 'ok'})")
+            starting.append(i)
+        # started only once alive after SETTLE_S; SuperNodeDied (Flower's words) otherwise
+        for i, proc in self.start_supernodes(starting).items():
+            said.append(f"supernode-{i}: started (pid {proc.pid}, alive after {SETTLE_S:g} s)")
         return said
 
     def run(self, run_config: Mapping[str, object], app: str | os.PathLike, timeout: float = 600):
@@ -355,6 +436,26 @@ class Federation:
     def _save_pids(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         _write(self.root / "pids.json", json.dumps(self.entries, indent=1).encode())
+
+
+class _Said(list):
+    """The lines ``up`` returns, each passed on to ``say`` when it is added."""
+
+    def __init__(self, say: Callable[[str], None] | None) -> None:
+        super().__init__()
+        self.say = say
+
+    def append(self, line: str) -> None:
+        super().append(line)
+        if self.say is not None:
+            self.say(line)
+
+
+def _settle(procs: list[subprocess.Popen]) -> None:
+    """Wait ``SETTLE_S``, or until every one of ``procs`` has exited."""
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.1)
 
 
 def _toml(value: object) -> str:
