@@ -88,10 +88,12 @@ def run(grid: Grid, cfg: Config, out: Path | None = None) -> report.RunReport:
     resume = None  # a checkpoint this run continues (pflower.checkpoint)
     if cfg.resume_from:
         tensors, resume = resume_point(cfg, strategy, model, split, tensors)
+    fab_hash = fab_hash_of(grid)
     if out is None:
-        out = report.output_dir(cfg)
+        out = report.output_dir(cfg, fab_hash)
     else:
         out.mkdir(parents=True, exist_ok=True)
+    log.info("pflower: outputs in %s", out)
     wire = WireCount(grid)  # the array bytes of every message, by round
     evaluate_fn = checkpointing(cfg, out, strategy, grid, server_evaluation(cfg, strategy, grid))
     with report.console(cfg), report.Tracker(cfg, out) as tracker:
@@ -114,11 +116,22 @@ def run(grid: Grid, cfg: Config, out: Path | None = None) -> report.RunReport:
         seconds=time.perf_counter() - started,
         shared=final.arrays.to_torch_state_dict() if final is not None else None,
         run_tag=strategy.run_tag,
+        fab_hash=fab_hash,
     )
     out = report.write(result, out)
     table = report.summary_table(result)
     print(f"\n{table}\n\nresults: {out}\n", flush=True)
     return result
+
+
+def fab_hash_of(grid: Grid) -> str:
+    """The hash of the FAB this run came from (Flower's run info: ``flwr run`` packs the app
+    into a FAB and runs it from an installed copy); "" for a run in process (``LocalGrid``,
+    Flower's ``run_simulation``), which has no FAB."""
+    try:
+        return str(grid.run.fab_hash or "")
+    except Exception:  # noqa: BLE001 - a Grid without run info (a test's, a user's own)
+        return ""
 
 
 def resume_point(

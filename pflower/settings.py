@@ -660,7 +660,13 @@ class RunSettings(Settings):
     outputs_dir: str = Field(
         "outputs",
         alias="outputs-dir",
-        description="where results go (relative to the SuperLink's working directory)",
+        description=(
+            "where results go, one directory per run: an absolute path as it is; a relative "
+            "one against the working directory for a run in process (`pflower experiment`) "
+            "and against `~/pflower` under `flwr run`, whose ServerApp runs in the SuperLink's "
+            "working directory, which may be any project's; the run logs the directory at its "
+            "start and prints it at its end"
+        ),
     )
     console: Console = Field(
         "compact",

@@ -19,9 +19,21 @@ log = logging.getLogger("flwr.pflower")
 
 
 def _plot_rounds(report: RunReport, path: Path) -> None:
+    """``rounds_figure`` saved to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = rounds_figure(report)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def rounds_figure(report: RunReport):
     """Left: pooled personalized and global test accuracy per evaluated round, the band from
     the p10 to the p90 client (RMSE for regression). Right: the clients' training loss every
-    round and the pooled test losses: a diverging run shows here even between evaluations."""
+    round and the pooled test losses: a diverging run shows here even between evaluations.
+    With ``pretrain-rounds`` P > 0 a vertical line between rounds P and P + 1 marks where
+    FedAvg pre-training ends and the algorithm starts, on both sides: a jump there is the
+    switch of algorithm, not an event of training."""
     import matplotlib.pyplot as plt
 
     fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4))
@@ -73,7 +85,16 @@ def _plot_rounds(report: RunReport, path: Path) -> None:
         loss_ax.set_yscale("log")
     loss_ax.set_ylabel("loss")
     loss_ax.set_title("every round")
+    pretrain = report.cfg.pretrain_rounds
     for ax in (acc_ax, loss_ax):
+        if pretrain > 0:
+            ax.axvline(
+                pretrain + 0.5,
+                color="0.4",
+                linestyle=":",
+                linewidth=1.2,
+                label=f"pre-training ends (after round {pretrain})",
+            )
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
@@ -81,8 +102,7 @@ def _plot_rounds(report: RunReport, path: Path) -> None:
             ax.legend(fontsize=8)
     fig.suptitle(f"{report.cfg.algorithm} on {report.cfg.dataset}, seed {report.cfg.seed}")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 def _plot_clients(report: RunReport, path: Path) -> None:

@@ -46,6 +46,8 @@ class RunReport:
     #: the server's run tag, with which the devices stamp the personal state this run wrote
     #: (``context_store``): ``pflower.predict`` pairs the shared weights with that state only
     run_tag: str = ""
+    #: the SHA-256 hash of the FAB the run came from (``flwr run``), "" for a run in process
+    fab_hash: str = ""
 
     @property
     def final(self) -> dict:
@@ -60,8 +62,12 @@ class RunReport:
 SHARED_FILE = "final-shared.pt"
 
 
-def provenance() -> dict:
-    """What produced a run: versions, pflower's git commit (None outside a checkout), machine."""
+def provenance(fab_hash: str = "") -> dict:
+    """What produced a run: versions, pflower's git commit (None outside a checkout), the
+    hash of the FAB the run came from (None for a run in process), the machine. Under
+    ``flwr run`` the code runs from Flower's installed copy of the FAB, not a checkout, so
+    there is no git commit and the FAB's hash (``flwr ls`` lists it with the run) is what
+    identifies the code."""
     import platform
     import subprocess
     from importlib import metadata
@@ -87,13 +93,33 @@ def provenance() -> dict:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "git-commit": commit,
+        "fab-hash": fab_hash or None,
         "machine": f"{platform.platform()}, {os.cpu_count()} CPUs",
     }
 
 
-def output_dir(cfg: Config) -> Path:
+#: where a relative ``outputs-dir`` resolves for a run from a FAB (``flwr run``): Flower runs
+#: the ServerApp in the working directory of the SuperLink that took the run, which may be
+#: any project's (the one ``flwr run`` first started the local SuperLink in), so the working
+#: directory is no place to look for results
+FAB_OUTPUTS_HOME = Path("~/pflower")
+
+
+def outputs_root(cfg: Config, fab_hash: str = "") -> Path:
+    """The directory that holds a run's output directories: ``outputs-dir`` when absolute;
+    a relative one against the working directory for a run in process (``pflower
+    experiment``, ``run_local``: where the command was typed), against ``FAB_OUTPUTS_HOME``
+    for a run from a FAB (``fab_hash`` set: ``flwr run``)."""
+    path = Path(cfg.outputs_dir).expanduser()
+    if not path.is_absolute() and fab_hash:
+        path = FAB_OUTPUTS_HOME.expanduser() / path
+    return path.resolve()
+
+
+def output_dir(cfg: Config, fab_hash: str = "") -> Path:
+    """A new directory ``<outputs_root>/<timestamp>-<algorithm>`` for one run."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = Path(cfg.outputs_dir).expanduser().resolve() / f"{stamp}-{cfg.algorithm}"
+    path = outputs_root(cfg, fab_hash) / f"{stamp}-{cfg.algorithm}"
     suffix = 1
     while path.exists():
         suffix += 1
@@ -116,7 +142,7 @@ def write(report: RunReport, out: Path | None = None) -> Path:
                 "split": report.split,
                 "num-nodes": report.num_nodes,
                 "run-tag": report.run_tag or None,
-                "produced-by": provenance(),
+                "produced-by": provenance(report.fab_hash),
             },
             indent=2,
         )
