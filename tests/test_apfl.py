@@ -163,3 +163,17 @@ def test_a_new_client_fine_tunes_v_with_w_fixed():
         torch.testing.assert_close(after[n], w[n])
     assert metrics["personal-loss"] < metrics["global-loss"]  # v was fitted to this client
     assert "localized-accuracy" in metrics and "alpha" not in metrics  # alpha is personal
+
+
+def test_data_passes_count_both_gradients_of_a_step():
+    """Client compute: each of APFL's tau steps takes its minibatch through the model twice
+    (w's gradient and v_bar's), so a round of tau steps of batch b on n examples reports
+    2 tau b / n data passes (a FedAvg round of the same steps: tau b / n)."""
+    job = job_for(APFL)
+    batch, n, tau = job.cfg.batch_size, job.num_train, APFL["local-steps"]
+    assert tau * batch <= n  # no short last batch among the steps
+    _, metrics = APFLClient().train(job, {"lr": 0.01, "apfl-round": 1})
+    assert metrics["data-passes"] == pytest.approx(2 * tau * batch / n)
+    fedavg = job_for({**APFL, "algorithm": "fedavg"})
+    _, plain = FedAvgClient().train(fedavg, {"lr": 0.01})
+    assert plain["data-passes"] == pytest.approx(tau * batch / n)
