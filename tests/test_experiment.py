@@ -337,3 +337,25 @@ def test_the_table_shows_each_methods_client_compute(tmp_path):
         assert cell == f"{row['examples-per-client']:.0f} ± 0", (label, cell)
     with open(exp.out / "summary.csv") as f:
         assert "examples-per-client" in next(csv.reader(f))
+
+
+def test_plateau_delta_is_the_last_fifth_of_the_run():
+    """The plateau rule's number, by hand: 10 rounds, evaluated every 2nd; the window starts
+    at round 8, so the delta is round 10's accuracy minus round 8's."""
+    from pflower.experiment.rows import plateau_of
+    from pflower.experiment.tables import _plateau_mark
+
+    accuracy = {2: 0.5, 4: 0.6, 6: 0.7, 8: 0.8, 10: 0.85}
+    rounds = [
+        {"round": n, "evaluate": {"personal-accuracy": accuracy[n]} if n in accuracy else {}}
+        for n in range(1, 11)
+    ]
+    assert plateau_of(rounds)["plateau-delta"] == pytest.approx(0.85 - 0.8)
+    rounds[7]["evaluate"] = {}  # no evaluation at round 8: the latest before it, round 6
+    assert plateau_of(rounds)["plateau-delta"] == pytest.approx(0.85 - 0.7)
+    only_last = [{"round": n, "evaluate": {}} for n in range(1, 10)]
+    only_last.append({"round": 10, "evaluate": {"personal-accuracy": 0.9}})
+    assert plateau_of(only_last)["plateau-delta"] is None  # nothing to compare with
+    assert _plateau_mark([0.004, 0.003, 0.006]) == " ✓"  # 0.43 points
+    assert _plateau_mark([0.004, 0.003, 0.009]) == " ✗"  # 0.53 points
+    assert _plateau_mark([None]) == ""

@@ -35,6 +35,7 @@ def row_of(directory: Path) -> dict:
         "seconds-per-round": statistics.median(r["seconds"] for r in rounds) if rounds else None,
         # client compute over the whole run, pre-training included (compute_of)
         **compute_of(results["rounds"], meta["nodes"]),
+        **plateau_of(results["rounds"]),
         "train-bytes-down-per-round": _mean(r["wire"]["train-down"] for r in trained),
         "train-bytes-up-per-round": _mean(r["wire"].get("train-up", 0) for r in trained),
         "dropped-replies": results["dropped-replies"],
@@ -72,6 +73,34 @@ def compute_of(rounds: list[dict], nodes: int) -> dict[str, float | None]:
     if not totals:
         return {EXAMPLES_PROCESSED: None, "examples-per-client": None}
     return {EXAMPLES_PROCESSED: sum(totals), "examples-per-client": sum(totals) / max(1, nodes)}
+
+
+#: the plateau rule's window: the last fifth of the run's rounds (pre-training included)
+PLATEAU_WINDOW = 0.2
+#: the plateau rule: the pooled personalized accuracy moved less than this over the window
+#: (percentage points, mean over seeds; experiment/tables.py marks the rows that break it)
+PLATEAU_POINTS = 0.5
+
+
+def plateau_of(rounds: list[dict]) -> dict[str, float | None]:
+    """``plateau-delta``: how much the pooled personalized metric (accuracy, or RMSE for
+    regression) moved over the last ``PLATEAU_WINDOW`` of the run's rounds: the last
+    evaluation minus the latest one at or before round ``(1 - PLATEAU_WINDOW) x R``. A curve
+    still rising has a large positive delta. None without an evaluation in both places (evaluate
+    at least every fifth of the run to get it)."""
+    evaluated = [
+        (r["round"], r["evaluate"].get("personal-accuracy", r["evaluate"].get("personal-rmse")))
+        for r in rounds
+        if r.get("evaluate")
+    ]
+    evaluated = [(n, v) for n, v in evaluated if v is not None]
+    if not rounds or len(evaluated) < 2:
+        return {"plateau-delta": None}
+    start = max(r["round"] for r in rounds) * (1 - PLATEAU_WINDOW)
+    before = [v for n, v in evaluated[:-1] if n <= start + 1e-9]
+    if not before:
+        return {"plateau-delta": None}
+    return {"plateau-delta": evaluated[-1][1] - before[-1]}
 
 
 def _pooled(clients: list[dict], key: str = "personal-accuracy") -> float | None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from pflower.experiment.grid import _show
 from pflower.experiment.plots import plot_clients, plot_curves
-from pflower.experiment.rows import hurt_vs
+from pflower.experiment.rows import PLATEAU_POINTS, PLATEAU_WINDOW, hurt_vs
 from pflower.experiment.spec import Experiment, Run
 
 log = logging.getLogger("flwr.pflower")
@@ -67,6 +67,7 @@ def table(experiment: Experiment, rows: list[dict]) -> str:
     columns += [
         (f"own global {unit}", f"global-{metric}", scale, 2),
         *[(_header(key), key, _scale(key), 2) for key in experiment.columns],
+        (f"Δ last {PLATEAU_WINDOW:.0%} of rounds", "plateau-delta", scale, 2),
         ("dropped", "dropped-replies", 1.0, 1),
         ("s / round", "seconds-per-round", 1.0, 2),
         ("examples / client", "examples-per-client", 1.0, 0),
@@ -87,6 +88,9 @@ def table(experiment: Experiment, rows: list[dict]) -> str:
             continue
         split = mine[0]["split"].split(" (")[0]
         cells = [_cell([r.get(key) for r in mine], s, d) for _, key, s, d in columns]
+        if not regression:  # the plateau rule: mark a curve that still moves
+            at = [key for _, key, *_ in columns].index("plateau-delta")
+            cells[at] += _plateau_mark([r.get("plateau-delta") for r in mine])
         lines.append(f"| {label} | {split} | {len(mine)} | " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -97,6 +101,16 @@ def table(experiment: Experiment, rows: list[dict]) -> str:
             "global model on the same client and seed"
             if experiment.baseline
             else ""
+        )
+        + f"; Δ last {PLATEAU_WINDOW:.0%} of rounds: the pooled personalized "
+        + ("RMSE" if regression else "accuracy (points)")
+        + f" at the last evaluation minus at the last one before the final {PLATEAU_WINDOW:.0%} "
+        "of the run's rounds"
+        + (
+            ""
+            if regression
+            else f" (plateau rule: |mean| < {PLATEAU_POINTS} points, ✓; ✗ still moving: "
+            "more rounds would change the comparison)"
         )
         + "; dropped: replies the server dropped in the whole run (honest clients: 0); "
         "s / round: median wall seconds of a training round after any pre-training; "
@@ -111,6 +125,15 @@ def table(experiment: Experiment, rows: list[dict]) -> str:
     if experiment.pivot:
         lines += ["", *pivot_table(experiment, rows)]
     return "\n".join(lines)
+
+
+def _plateau_mark(deltas: list) -> str:
+    """`` ✓`` when the seeds' mean delta is within the plateau rule, `` ✗`` when not, ``""``
+    when no run says."""
+    deltas = [d for d in deltas if d is not None and not _nan(d)]
+    if not deltas:
+        return ""
+    return " ✓" if abs(100 * statistics.mean(deltas)) < PLATEAU_POINTS else " ✗"
 
 
 def _scale(key: str) -> float:
