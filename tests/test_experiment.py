@@ -235,8 +235,8 @@ def test_attacks_pivot_and_held_out_clients(tmp_path):
     def pooled(row, keep):
         with open(os.path.join(row["path"], "clients.csv")) as f:
             clients = [c for c in csv.DictReader(f) if keep(int(float(c["partition-id"])))]
-        n = sum(float(c["num-examples"]) for c in clients)
-        return sum(float(c["personal-accuracy"]) * float(c["num-examples"]) for c in clients) / n
+        n = sum(float(c["num-test"]) for c in clients)
+        return sum(float(c["personal-accuracy"]) * float(c["num-test"]) for c in clients) / n
 
     assert attacked["honest-accuracy"] == pytest.approx(pooled(attacked, lambda p: p >= 2))
     assert clean["honest-accuracy"] == pytest.approx(clean["personal-accuracy"])

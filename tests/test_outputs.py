@@ -1,9 +1,11 @@
 """Outputs where the user expects them, with provenance (issue 31, item 5): the FAB's hash in
 ``config.json`` when the run came from ``flwr run``, a relative ``outputs-dir`` that does not
-depend on the SuperLink's working directory, and pre-training marked on ``accuracy.png``."""
+depend on the SuperLink's working directory, clients.csv's unambiguous columns, and
+pre-training marked on ``accuracy.png``."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 
@@ -62,6 +64,14 @@ def test_a_run_from_a_fab_records_its_hash_and_writes_under_the_stable_home(
     produced = json.loads((done.path / "config.json").read_text())["produced-by"]
     assert produced["fab-hash"] == FAB_HASH
     assert f"results: {done.path}" in capsys.readouterr().out
+    # clients.csv: the test count is num-test beside num-train, no ambiguous num-examples
+    with open(done.path / "clients.csv") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert reader.fieldnames[:3] == ["partition-id", "num-train", "num-test"]
+    assert "num-examples" not in reader.fieldnames
+    for row, client in zip(rows, sorted(done.clients, key=lambda c: c["partition-id"])):
+        assert float(row["num-test"]) == client["num-examples"]  # the evaluation's count
     # an absolute outputs-dir is used as it is
     absolute = _run(FabGrid, {**RUN, "outputs-dir": str(tmp_path / "mine")})
     assert absolute.path.parent == tmp_path / "mine"

@@ -106,8 +106,8 @@ def plateau_of(rounds: list[dict]) -> dict[str, float | None]:
 def _pooled(clients: list[dict], key: str = "personal-accuracy") -> float | None:
     """``key`` pooled over the clients' test examples (each weighted by its count)."""
     clients = [c for c in clients if key in c]
-    total = sum(c["num-examples"] for c in clients)
-    return sum(c[key] * c["num-examples"] for c in clients) / total if total else None
+    total = sum(c["num-test"] for c in clients)
+    return sum(c[key] * c["num-test"] for c in clients) / total if total else None
 
 
 def _mean(values: Iterable[float]) -> float | None:

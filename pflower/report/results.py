@@ -60,6 +60,9 @@ class RunReport:
 
 
 SHARED_FILE = "final-shared.pt"
+#: clients.csv's column of a client's test examples (its evaluation's ``num-examples``): beside
+#: ``num-train``, a column named ``num-examples`` would not say which examples it counts
+NUM_TEST = "num-test"
 
 
 def provenance(fab_hash: str = "") -> dict:
@@ -159,12 +162,13 @@ def write(report: RunReport, out: Path | None = None) -> Path:
         )
     )
     if report.clients:
-        keys = sorted({k for row in report.clients for k in row}, key=_column_order)
+        by_partition = sorted(report.clients, key=lambda r: r.get("partition-id", 0))
+        rows = [_csv_row(client) for client in by_partition]
+        keys = sorted({k for row in rows for k in row}, key=_column_order)
         with open(out / "clients.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=keys)
             writer.writeheader()
-            for row in sorted(report.clients, key=lambda r: r.get("partition-id", 0)):
-                writer.writerow(row)
+            writer.writerows(rows)
     try:  # plots are the one optional output: the extra 'plots' (in 'app') draws them
         import matplotlib
 
@@ -182,6 +186,11 @@ def write(report: RunReport, out: Path | None = None) -> Path:
     return out
 
 
+def _csv_row(client: dict) -> dict:
+    """A client's final metrics as clients.csv names them (``NUM_TEST``)."""
+    return {(NUM_TEST if k == "num-examples" else k): v for k, v in client.items()}
+
+
 def _column_order(key: str) -> tuple[int, str]:
-    first = ["partition-id", "num-examples", "num-train", "personal-accuracy", "global-accuracy"]
+    first = ["partition-id", "num-train", NUM_TEST, "personal-accuracy", "global-accuracy"]
     return (first.index(key), key) if key in first else (len(first), key)
