@@ -57,7 +57,7 @@ def _pflower_run(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(not shutil.which("flwr", path=str(Path(PFLOWER).parent)), reason="no flwr")
-def test_pflower_run_exits_with_how_the_run_ended():
+def test_pflower_run_exits_with_how_the_run_ended(tmp_path):
     """On Flower's local SuperLink, as a user runs it: a refused key stops before anything
     starts (2); a run whose every reply is dropped ends failed (1) with RunFailed's one line
     and no traceback; a run that completes exits 0."""
@@ -65,7 +65,7 @@ def test_pflower_run_exits_with_how_the_run_ended():
     assert refused.returncode == launch.REFUSED, refused.stderr
     assert "did you mean 'krum'" in refused.stderr and "Successfully started" not in refused.stdout
 
-    tiny = "dataset='digits' evaluate-every=3 num-server-rounds=3"
+    tiny = f"dataset='digits' evaluate-every=3 num-server-rounds=3 outputs-dir='{tmp_path}'"
     failed = _pflower_run("-c", f"{tiny} lr=1e30", "--federation-config", "num-supernodes=3")
     assert failed.returncode == launch.FAILED, failed.stdout[-2000:]
     last = failed.stderr.strip().splitlines()[-1]
@@ -75,4 +75,4 @@ def test_pflower_run_exits_with_how_the_run_ended():
 
     done = _pflower_run("-c", tiny, "--federation-config", "num-supernodes=3")
     assert done.returncode == launch.COMPLETED, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "results: " in done.stdout
+    assert f"results: {tmp_path}" in done.stdout  # an absolute outputs-dir, as given
