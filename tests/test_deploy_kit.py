@@ -150,7 +150,7 @@ def _fake_flower(tmp_path, monkeypatch, supernode: str) -> None:
     """``deploy up`` without Flower: SuperLink and gateway are ``sleep``s, ``flwr supernode
     register`` answers as for a key registered before, ``flower-supernode`` runs the bash
     ``supernode``; a SuperNode counts as started after 0.5 s instead of ``SETTLE_S``."""
-    from pflower.deploy import federation
+    from pflower.deploy import federation, flower_cli
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -161,7 +161,7 @@ def _fake_flower(tmp_path, monkeypatch, supernode: str) -> None:
     for name, body in scripts.items():
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
-    monkeypatch.setattr(federation, "_bin", lambda name: str(bin_dir / name))
+    monkeypatch.setattr(flower_cli, "executable", lambda name: str(bin_dir / name))
     monkeypatch.setattr(federation, "SETTLE_S", 0.5)
     monkeypatch.setattr(federation, "RETRY_S", 0.1)
     monkeypatch.setattr(

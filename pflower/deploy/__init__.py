@@ -7,13 +7,10 @@ from __future__ import annotations
 
 from pflower.deploy.command import main
 from pflower.deploy.credentials import connection, credentials, node_keys
-from pflower.deploy.federation import (
+from pflower.deploy.federation import HEARTBEAT_WINDOW_S, SETTLE_S, Federation, SuperNodeDied
+from pflower.deploy.flower_cli import (
     ACTIVATION_REFUSED,
     ALREADY_REGISTERED,
-    HEARTBEAT_WINDOW_S,
-    SETTLE_S,
-    Federation,
-    SuperNodeDied,
     flower_error,
     flower_said,
     register,

@@ -7,69 +7,25 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from pflower.deploy import flower_cli
 from pflower.deploy.credentials import _write, connection, credentials
+from pflower.deploy.flower_cli import (
+    ACTIVATION_REFUSED,
+    ALREADY_REGISTERED,
+    flower_error,
+    register,
+    superlink_command,
+    supernode_command,
+)
 from pflower.deploy.gateway import gateway_command
 from pflower.deploy.processes import descendants, is_ours, stop_tree
 
-
-def _bin(name: str) -> str:
-    """A Flower executable: next to this Python first (the virtual environment's bin/)."""
-    here = Path(sys.executable).parent / name
-    return str(here) if here.exists() else (shutil.which(name) or name)
-
-
-def superlink_command(creds: Path, port: int, database: Path) -> list[str]:
-    """``flower-superlink`` with TLS and CLI-managed SuperNode authentication (only SuperNodes
-    whose public key was registered with ``flwr supernode register`` may connect), bound to
-    loopback: Flower 1.41 serves its Control API (register keys, submit runs), Runtime API and
-    Fleet API on this one port, so only the operator's machine may reach it; devices reach the
-    Fleet API through the gateway (``gateway``)."""
-    return [
-        _bin("flower-superlink"),
-        "--ssl-ca-certfile", str(creds / "ca.crt"),
-        "--ssl-certfile", str(creds / "server.pem"),
-        "--ssl-keyfile", str(creds / "server.key"),
-        "--enable-supernode-auth",
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--database", str(database),
-        "--disable-runtime-dependency-installation",
-    ]  # fmt: skip
-
-
-def supernode_command(
-    creds: Path, key: str, superlink: str, port: int, node_config: Mapping[str, object]
-) -> list[str]:
-    """``flower-supernode`` over TLS (trusting ``ca.crt``), authenticated by its private key,
-    with its node config (its data and its ``state-dir``)."""
-    items = " ".join(
-        f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in node_config.items()
-    )
-    return [
-        _bin("flower-supernode"),
-        "--root-certificates", str(creds / "ca.crt"),
-        "--superlink", superlink,
-        "--auth-supernode-private-key", str(creds / key),
-        "--node-config", items,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-    ]  # fmt: skip
-
-
-#: Flower's answer when a public key is registered a second time
-ALREADY_REGISTERED = "already in use"
-#: Flower's answer to a SuperNode whose key still has a session the SuperLink counts as
-#: online (a node killed without signing off, until its heartbeat lapses)
-ACTIVATION_REFUSED = "Failed to activate SuperNode"
 #: how long the SuperLink keeps a silent node online: Flower's heartbeat interval (30 s)
 #: times its patience (2), plus one call timeout
 HEARTBEAT_WINDOW_S = 65
@@ -79,65 +35,10 @@ SETTLE_S = 8.0
 #: the pause between two starts while the SuperLink still holds a dead node's session
 RETRY_S = 5.0
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-#: the characters of the box the ``flwr`` CLI (rich) draws around its errors
-_BOX = "╭╮╰╯│─┌┐└┘├┤━┃"
-#: a line of Flower's log that starts a new record ("ERROR :     Exit Code: 305")
-_LOG_RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*:\s*")
-
 
 class SuperNodeDied(RuntimeError):
     """A SuperNode that exited before it counted as started (``SETTLE_S``), with what
     Flower said in its log."""
-
-
-def flower_said(text: str) -> str:
-    """Flower's message in ``text`` (the ``flwr`` CLI's output), without colour codes and
-    without the box the CLI draws around an error: its border lines (``╭─ Error ─╮``,
-    ``╰──╯``) go, its side bars are stripped, the words stay as Flower wrote them."""
-    lines = []
-    for line in _ANSI.sub("", text).splitlines():
-        bare = line.strip()
-        if not bare or bare[0] in "╭╰┌└" or not bare.strip(_BOX + " "):
-            continue
-        lines.append(bare.strip(_BOX).strip() if bare[0] in "│┃" else bare)
-    return "\n".join(lines)
-
-
-def flower_error(log: str, lines: int = 15) -> str:
-    """What Flower said when a process died, from its log: the last ERROR record, verbatim
-    (Flower's exit message: code, reason, help link), up to the next record; without one,
-    the last ``lines`` lines of the log (``flower_said``)."""
-    said = flower_said(log).splitlines()
-    starts = [n for n, line in enumerate(said) if line.startswith("ERROR")]
-    if not starts:
-        return "\n".join(said[-lines:])
-    block = [_LOG_RECORD.sub("", said[starts[-1]])]
-    for line in said[starts[-1] + 1 :]:
-        if _LOG_RECORD.match(line):
-            break
-        block.append(line)
-    return "\n".join(block)
-
-
-def register(creds: Path, key: str, connection_name: str, env: Mapping[str, str]) -> str:
-    """Register SuperNode ``key``'s public key with the SuperLink (``flwr supernode
-    register``), as the operator does once per device; returns Flower's message
-    (``flower_said``: its words, not the box the CLI draws). A key that is registered
-    already is not an error (``up`` on an existing directory); anything else Flower refuses
-    is raised with Flower's own words."""
-    done = subprocess.run(
-        [_bin("flwr"), "supernode", "register", str(creds / f"{key}.pub"), connection_name],
-        # wide enough that the CLI does not wrap Flower's message inside its box
-        env={**env, "COLUMNS": "1000"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    said = flower_said(done.stdout + done.stderr)
-    if done.returncode != 0 and ALREADY_REGISTERED not in said.lower():
-        raise RuntimeError(f"flwr supernode register {key}.pub failed:\n{said}")
-    return said
 
 
 class Federation:
@@ -233,7 +134,7 @@ class Federation:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:  # ready when the CLI can list its SuperNodes
             probe = subprocess.run(
-                [_bin("flwr"), "supernode", "ls", self.name], env=self.env,
+                [flower_cli.executable("flwr"), "supernode", "ls", self.name], env=self.env,
                 capture_output=True, text=True, timeout=60,
             )  # fmt: skip
             if probe.returncode == 0:
@@ -398,8 +299,9 @@ class Federation:
     def run(self, run_config: Mapping[str, object], app: str | os.PathLike, timeout: float = 600):
         """``flwr run <app> <connection> --stream`` with ``run_config`` overrides."""
         items = " ".join(f"{k}={_toml(v)}" for k, v in run_config.items())
+        flwr = flower_cli.executable("flwr")
         return subprocess.run(
-            [_bin("flwr"), "run", str(app), self.name, "--stream", "--run-config", items],
+            [flwr, "run", str(app), self.name, "--stream", "--run-config", items],
             env=self.env, capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
 
@@ -408,9 +310,10 @@ class Federation:
         """``flwr run`` as ``run`` does, in the background: its output streams to
         ``logs/<label>.log`` (``progress`` reads it)."""
         items = " ".join(f"{k}={_toml(v)}" for k, v in run_config.items())
+        flwr = flower_cli.executable("flwr")
         with open(self.logs / f"{label}.log", "wb") as log:
             return subprocess.Popen(
-                [_bin("flwr"), "run", str(app), self.name, "--stream", "--run-config", items],
+                [flwr, "run", str(app), self.name, "--stream", "--run-config", items],
                 stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
             )  # fmt: skip
 

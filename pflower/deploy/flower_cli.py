@@ -1,0 +1,120 @@
+"""Flower's executables as the deployment kit runs them: the commands that start a SuperLink
+and a SuperNode, registering a SuperNode's key, and Flower's words read out of what its CLI
+and its logs print (without colour codes or the box the CLI draws around an error).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+
+def executable(name: str) -> str:
+    """A Flower executable: next to this Python first (the virtual environment's bin/)."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else (shutil.which(name) or name)
+
+
+def superlink_command(creds: Path, port: int, database: Path) -> list[str]:
+    """``flower-superlink`` with TLS and CLI-managed SuperNode authentication (only SuperNodes
+    whose public key was registered with ``flwr supernode register`` may connect), bound to
+    loopback: Flower 1.41 serves its Control API (register keys, submit runs), Runtime API and
+    Fleet API on this one port, so only the operator's machine may reach it; devices reach the
+    Fleet API through the gateway (``gateway``)."""
+    return [
+        executable("flower-superlink"),
+        "--ssl-ca-certfile", str(creds / "ca.crt"),
+        "--ssl-certfile", str(creds / "server.pem"),
+        "--ssl-keyfile", str(creds / "server.key"),
+        "--enable-supernode-auth",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--database", str(database),
+        "--disable-runtime-dependency-installation",
+    ]  # fmt: skip
+
+
+def supernode_command(
+    creds: Path, key: str, superlink: str, port: int, node_config: Mapping[str, object]
+) -> list[str]:
+    """``flower-supernode`` over TLS (trusting ``ca.crt``), authenticated by its private key,
+    with its node config (its data and its ``state-dir``)."""
+    items = " ".join(
+        f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in node_config.items()
+    )
+    return [
+        executable("flower-supernode"),
+        "--root-certificates", str(creds / "ca.crt"),
+        "--superlink", superlink,
+        "--auth-supernode-private-key", str(creds / key),
+        "--node-config", items,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+    ]  # fmt: skip
+
+
+#: Flower's answer when a public key is registered a second time
+ALREADY_REGISTERED = "already in use"
+#: Flower's answer to a SuperNode whose key still has a session the SuperLink counts as
+#: online (a node killed without signing off, until its heartbeat lapses)
+ACTIVATION_REFUSED = "Failed to activate SuperNode"
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+#: the characters of the box the ``flwr`` CLI (rich) draws around its errors
+_BOX = "╭╮╰╯│─┌┐└┘├┤━┃"
+#: a line of Flower's log that starts a new record ("ERROR :     Exit Code: 305")
+_LOG_RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*:\s*")
+
+
+def flower_said(text: str) -> str:
+    """Flower's message in ``text`` (the ``flwr`` CLI's output), without colour codes and
+    without the box the CLI draws around an error: its border lines (``╭─ Error ─╮``,
+    ``╰──╯``) go, its side bars are stripped, the words stay as Flower wrote them."""
+    lines = []
+    for line in _ANSI.sub("", text).splitlines():
+        bare = line.strip()
+        if not bare or bare[0] in "╭╰┌└" or not bare.strip(_BOX + " "):
+            continue
+        lines.append(bare.strip(_BOX).strip() if bare[0] in "│┃" else bare)
+    return "\n".join(lines)
+
+
+def flower_error(log: str, lines: int = 15) -> str:
+    """What Flower said when a process died, from its log: the last ERROR record, verbatim
+    (Flower's exit message: code, reason, help link), up to the next record; without one,
+    the last ``lines`` lines of the log (``flower_said``)."""
+    said = flower_said(log).splitlines()
+    starts = [n for n, line in enumerate(said) if line.startswith("ERROR")]
+    if not starts:
+        return "\n".join(said[-lines:])
+    block = [_LOG_RECORD.sub("", said[starts[-1]])]
+    for line in said[starts[-1] + 1 :]:
+        if _LOG_RECORD.match(line):
+            break
+        block.append(line)
+    return "\n".join(block)
+
+
+def register(creds: Path, key: str, connection_name: str, env: Mapping[str, str]) -> str:
+    """Register SuperNode ``key``'s public key with the SuperLink (``flwr supernode
+    register``), as the operator does once per device; returns Flower's message
+    (``flower_said``: its words, not the box the CLI draws). A key that is registered
+    already is not an error (``up`` on an existing directory); anything else Flower refuses
+    is raised with Flower's own words."""
+    done = subprocess.run(
+        [executable("flwr"), "supernode", "register", str(creds / f"{key}.pub"), connection_name],
+        # wide enough that the CLI does not wrap Flower's message inside its box
+        env={**env, "COLUMNS": "1000"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    said = flower_said(done.stdout + done.stderr)
+    if done.returncode != 0 and ALREADY_REGISTERED not in said.lower():
+        raise RuntimeError(f"flwr supernode register {key}.pub failed:\n{said}")
+    return said
