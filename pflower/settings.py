@@ -901,12 +901,15 @@ class RunSettings(Settings):
         except ValidationError as err:
             raise ConfigError(_describe(cls, err)) from None
 
-    def resolved(self) -> Self:
+    def resolved(self, defaults: Mapping[str, Any] | None = None) -> Self:
         """This config with every key at its ``auto`` value (``AUTO``) replaced by the
-        algorithm's default for it (the ``defaults`` of its registration, e.g. PFLEGO's
-        server lr and tau) or by the generic one."""
-        entry = self.algorithms.get(self.algorithm)
-        defaults = entry.defaults if entry else {}
+        algorithm's default for it (``defaults``; ``None``: those of the chosen algorithm's
+        registration, e.g. PFLEGO's server lr and tau) or by the generic one. A strategy built
+        by hand takes its defaults from ``RunSettings().resolved(its class's defaults)``, so
+        that it runs what the app runs (``PersonalizedStrategy.app_settings``)."""
+        if defaults is None:
+            entry = self.algorithms.get(self.algorithm)
+            defaults = entry.defaults if entry else {}
         update = {
             key: defaults.get(key, generic)
             for key, (auto, generic) in AUTO.items()

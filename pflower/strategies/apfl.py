@@ -136,6 +136,10 @@ def two_schedules(decay: float, schedule: str) -> str:
     )
 
 
+#: APFL's keys at their defaults: ``APFL``'s constructor defaults
+SETTINGS = APFLSettings()
+
+
 class APFL(PersonalizedStrategy):
     """APFL's server: the mean of the returned w_i (unweighted by default), through the
     server optimizer (SGD with lr 1 by default: the plain mean).
@@ -147,7 +151,7 @@ class APFL(PersonalizedStrategy):
 
     Parameters
     ----------
-    weighted : bool (default: False)
+    weighted : bool (default: ``apfl-weighting == "num-examples"``)
         ``False``: the unweighted mean of the w_i (the paper); ``True``: weighted by the
         clients' training-set sizes (``apfl-weighting = "num-examples"``).
     **kwargs
@@ -157,7 +161,9 @@ class APFL(PersonalizedStrategy):
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
     algorithm = "apfl"
 
-    def __init__(self, *, weighted: bool = False, **kwargs) -> None:
+    def __init__(
+        self, *, weighted: bool = SETTINGS.apfl_weighting == "num-examples", **kwargs
+    ) -> None:
         super().__init__(**kwargs)
         self.weighted = weighted
 

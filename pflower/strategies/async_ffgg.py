@@ -121,23 +121,28 @@ class AsyncFFGGSettings(Settings):
             )
 
 
-class AsyncFFGG(FFGG):
-    """Asynchronous FFGG's server (Alg. 3); the parameters of ``FFGG`` plus:
+#: asynchronous FFGG's keys at their defaults: ``AsyncFFGG``'s constructor defaults
+SETTINGS = AsyncFFGGSettings()
 
-    concurrency : int (default: 0)
+
+class AsyncFFGG(FFGG):
+    """Asynchronous FFGG's server (Alg. 3); the parameters of ``FFGG`` (their defaults: the
+    app's for ``async-ffgg``, ``ASYNC_FFGG_DEFAULTS``'s server lr) plus:
+
+    concurrency : int (default: ``async-concurrency``)
         C, the number of clients computing at any time; 0: ``round(fraction_train * N)``.
-    max_updates : int (default: 0)
+    max_updates : int (default: ``async-updates``)
         Server updates to apply; 0: ``num_rounds * C`` (as many gradients as synchronous
         FFGG with C clients per round uses).
-    max_staleness : int (default: -1)
+    max_staleness : int (default: ``async-max-staleness``)
         Drop (and count) updates older than this many versions; -1: keep all.
-    staleness_power : float (default: 0.0)
+    staleness_power : float (default: ``async-staleness-power``)
         a in gamma / (1 + s)^a; 0 is Alg. 3's constant step.
-    time_budget : float (default: 0.0)
+    time_budget : float (default: ``async-time-budget-s``)
         Stop after this many seconds of training; 0: no limit.
-    evaluate_every_updates : int (default: 0)
+    evaluate_every_updates : int (default: ``async-evaluate-every``)
         Evaluate every that many updates; 0: ``evaluate_every * C``.
-    client_timeout : float (default: 600.0)
+    client_timeout : float (default: ``async-client-timeout-s``)
         Seconds after which an unanswered message frees its slot.
     poll_interval : float (default: 0.01)
         Pause between pulls when nothing has arrived.
@@ -145,17 +150,18 @@ class AsyncFFGG(FFGG):
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
     algorithm = "async-ffgg|ffgg|br-ffgg"
+    defaults = ASYNC_FFGG_DEFAULTS
 
     def __init__(
         self,
         *,
-        concurrency: int = 0,
-        max_updates: int = 0,
-        max_staleness: int = -1,
-        staleness_power: float = 0.0,
-        time_budget: float = 0.0,
-        evaluate_every_updates: int = 0,
-        client_timeout: float = 600.0,
+        concurrency: int = SETTINGS.async_concurrency,
+        max_updates: int = SETTINGS.async_updates,
+        max_staleness: int = SETTINGS.async_max_staleness,
+        staleness_power: float = SETTINGS.async_staleness_power,
+        time_budget: float = SETTINGS.async_time_budget_s,
+        evaluate_every_updates: int = SETTINGS.async_evaluate_every,
+        client_timeout: float = SETTINGS.async_client_timeout_s,
         poll_interval: float = 0.01,
         **kwargs,
     ) -> None:

@@ -82,6 +82,10 @@ class FedAltSettings(Settings):
             )
 
 
+#: FedAlt / FedSim's keys at their defaults: ``FedAlt``'s constructor defaults
+SETTINGS = FedAltSettings()
+
+
 class FedAlt(PersonalizedStrategy):
     """FedAlt's server (Pillutla et al. 2022, Alg. 1): data-size weighted mean of the returned
     shared parameters, through the server optimizer (SGD with lr 1 = the mean; Adam = FedAdam).
@@ -93,7 +97,7 @@ class FedAlt(PersonalizedStrategy):
 
     Parameters
     ----------
-    weighted : bool (default: True)
+    weighted : bool (default: ``fedalt-weighting == "num-examples"``)
         ``True``: ``u_bar = sum_i N_i u_i / sum_i N_i`` over the round's clients, the paper's
         objective ``sum_i alpha_i F_i``, alpha_i ~ N_i (every training example counts the
         same; the authors' code weights by local batches, which is proportional to N_i up to
@@ -106,7 +110,9 @@ class FedAlt(PersonalizedStrategy):
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
     algorithm = "fedalt|fedrep"
 
-    def __init__(self, *, weighted: bool = True, **kwargs) -> None:
+    def __init__(
+        self, *, weighted: bool = SETTINGS.fedalt_weighting == "num-examples", **kwargs
+    ) -> None:
         super().__init__(**kwargs)
         self.weighted = weighted
 

@@ -133,11 +133,17 @@ class FFGGSettings(Settings):
 BR_FFGG_DEFAULTS = {"robust_aggregator": "median", "robust_bucket_size": 2}
 
 
+#: FFGG's keys at their defaults: the constructor defaults of its strategies
+SETTINGS = FFGGSettings()
+
+
 class _GradientStrategy(PersonalizedStrategy):
     """Mean of the clients' vectors (unweighted as in the paper, or data-size weighted),
     handed to the server optimizer; reports the split diagnostic."""
 
-    def __init__(self, *, weighted: bool = False, **kwargs) -> None:
+    def __init__(
+        self, *, weighted: bool = SETTINGS.ffgg_weighting == "num-examples", **kwargs
+    ) -> None:
         super().__init__(**kwargs)
         self.weighted = weighted
 
@@ -169,7 +175,7 @@ class FFGG(_GradientStrategy):
 
     Parameters
     ----------
-    weighted : bool (default: False)
+    weighted : bool (default: ``ffgg-weighting == "num-examples"``)
         ``False``: the unweighted mean of Alg. 1, so theta* solves
         ``sum_m (1/N_m) grad_theta f_m(theta, w*_m) = 0`` -- every client counts the same,
         the objective ``(1/M) sum_m f_m / N_m``. ``True``: weights N_m, so theta* solves
@@ -338,9 +344,10 @@ class BRFFGG(FFGG):
 
     Parameters
     ----------
-    robust : Aggregator
-        The robust rule (``pflower.strategies.aggregators``); required.
-    byzantine : int (default: 0)
+    robust : Aggregator or None (default: None)
+        The robust rule (``pflower.strategies.aggregators``); ``None``: the app's for
+        BR-FFGG (``BR_FFGG_DEFAULTS``: bucketing with s = 2, then the coordinate median).
+    byzantine : int (default: ``robust-byzantine``)
         f, the Byzantine clients per round to tolerate (checked against the rule).
     **kwargs
         The parameters of ``FFGG`` and ``PersonalizedStrategy``.
@@ -348,11 +355,7 @@ class BRFFGG(FFGG):
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
     algorithm = "br-ffgg|ffgg|async-ffgg"
-
-    def __init__(self, *, robust=None, **kwargs) -> None:
-        if robust is None:
-            raise ValueError("robust = None: BR-FFGG steps with a robust aggregate; pass a rule")
-        super().__init__(robust=robust, **kwargs)
+    defaults = BR_FFGG_DEFAULTS
 
 
 def ffgg_strategy(cfg: Config, **kwargs) -> FFGG:

@@ -89,27 +89,47 @@ class L2GDSettings(Settings):
             )
 
 
+#: L2GD's keys at their defaults: ``L2GD``'s constructor defaults
+SETTINGS = L2GDSettings()
+
+
 class L2GD(PersonalizedStrategy):
     """L2GD's server: flips the coins, sends x_bar with the round's steps, averages x_m.
 
     Parameters (besides those of ``PersonalizedStrategy``; ``lr`` is alpha)
     ----------
-    lam : float (default: 0.1)
+    lam : float (default: ``l2gd-lambda``)
         lambda, the weight of the distance to the mean.
-    p : float (default: 0.1)
+    p : float (default: ``l2gd-p``)
         Probability of an averaging step; the expected number of local steps between two
-        communications is (1 - p) / p.
+        communications is (1 - p) / p. 0: 1 / ``local-steps``, L2GD's (``L2GD_DEFAULTS``).
+    fraction_train : float (default: 1.0)
+        Must be 1: every client takes every step of L2GD.
     """
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
     algorithm = "l2gd"
+    defaults = L2GD_DEFAULTS
 
     #: what a checkpoint keeps besides the base strategy's (``pflower.checkpoint``): the
     #: coins still to flip and the iteration count
     checkpoint_attributes = ("coins", "iterations", "_pending_average")
 
-    def __init__(self, *, lam: float = 0.1, p: float = 0.1, **kwargs) -> None:
-        super().__init__(**kwargs)
+    def __init__(
+        self,
+        *,
+        lam: float = SETTINGS.l2gd_lambda,
+        p: float = SETTINGS.l2gd_p,
+        fraction_train: float = 1.0,
+        **kwargs,
+    ) -> None:
+        if fraction_train != 1:
+            raise ValueError(
+                f"fraction_train = {fraction_train}: L2GD needs 1.0 (every client takes every "
+                "step of L2GD)"
+            )
+        super().__init__(fraction_train=fraction_train, **kwargs)
+        p = p or 1.0 / self.app_settings().local_steps
         if not 0 < p < 1:
             raise ValueError(f"p = {p}: must be in (0, 1)")
         if lam < 0:

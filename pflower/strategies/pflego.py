@@ -101,6 +101,9 @@ class PFLEGOSettings(Settings):
     )
 
 
+#: PFLEGO's keys at their defaults: ``PFLEGO``'s constructor defaults
+SETTINGS = PFLEGOSettings()
+
 ABSENT_LOGIT = -1e4  # exp underflows to exactly 0 (float32 and float64)
 
 
@@ -150,12 +153,24 @@ def features(
 class PFLEGO(PersonalizedStrategy):
     """PFLEGO's server: ``theta <- ServerOpt(theta, (I / r_t) sum_i alpha_i g_i)``.
 
-    Takes ``alpha`` (``global`` or ``sampled``) and the parameters of
-    ``PersonalizedStrategy``; the server optimizer (Adam in the paper's experiments)
-    receives the combined gradient, never averaged weights. Replies carry ``gradient``.
+    The server optimizer receives the combined gradient, never averaged weights; by default
+    it is the app's for PFLEGO (``PFLEGO_DEFAULTS``: Adam at rho = ``server-lr``'s PFLEGO
+    value, as in the paper's experiments). Replies carry ``gradient``.
+
+    Parameters
+    ----------
+    alpha : str (default: ``pflego-alpha``)
+        ``global`` (eq. 4: alpha_i = N_i / sum_j N_j over all clients, learnt at start-up,
+        with I / r_t) or ``sampled`` (normalised over the round's replies).
+    **kwargs
+        The parameters of ``PersonalizedStrategy`` (their defaults: the app's for PFLEGO).
     """
 
-    def __init__(self, *, alpha: str = "global", **kwargs) -> None:
+    #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
+    algorithm = "pflego"
+    defaults = PFLEGO_DEFAULTS
+
+    def __init__(self, *, alpha: str = SETTINGS.pflego_alpha, **kwargs) -> None:
         super().__init__(reply_key=GRADIENT, **kwargs)
         if alpha not in ALPHA_MODES:
             raise ValueError(f"alpha = {alpha!r}: must be one of {ALPHA_MODES}")

@@ -38,7 +38,7 @@ import time
 import uuid
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from flwr.app import (
@@ -53,6 +53,7 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from pflower.settings import RunSettings
 from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.checks import ReplyChecks
 from pflower.strategies.combine import (
@@ -94,6 +95,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("flwr.pflower")
 
 
+#: every run-level key at its default (docs/reference/run-config.md): the constructor defaults
+#: of every strategy, so that a strategy built by hand runs what the app runs
+RUN_DEFAULTS = RunSettings()
 #: ``final_evaluate_fraction`` = 0: up to this many nodes the final round evaluates them all
 FINAL_EVALUATE_ALL = 100
 #: ``max_in_flight`` = 0 on Flower's simulation engine: messages outstanding at once
@@ -127,55 +131,65 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
     robust rule (``robust``) and enough replies for its breakdown point; a round with too
     few replies for the rule is skipped, counted, never crashes the run.
 
+    **Defaults: the app's.** Every parameter that is a run-config key defaults to what the
+    app runs this algorithm with when that key is not set (docs/reference/run-config.md; the
+    key is named below): ``RunSettings``' defaults, with the algorithm's own values for the
+    keys left at ``auto`` (the class's ``defaults``, e.g. PFLEGO's server Adam). So a strategy
+    built with only what you must give (``PFLEGO(fraction_train=0.5, lr=0.1)``) runs as
+    ``flwr run`` with the same keys does; ``app_settings()`` shows them.
+
     Parameters
     ----------
-    fraction_train : float (default: 1.0)
+    fraction_train : float (default: ``fraction-train``)
         Fraction of connected nodes sampled for training each round (at least one).
-    fraction_evaluate : float (default: 1.0)
+    fraction_evaluate : float (default: ``fraction-evaluate``)
         Fraction of nodes sampled for evaluation (the final round: ``final_evaluate_fraction``).
-    final_evaluate_fraction : float (default: 0.0)
+    final_evaluate_fraction : float (default: ``final-evaluate-fraction``)
         Fraction of nodes the final round evaluates; 0 (auto): every node when there are at
         most ``FINAL_EVALUATE_ALL`` (100), else a seeded uniform sample of
         ``max(100, 10%)`` of them (the per-client statistics are then over that sample).
-    max_in_flight : int (default: 0)
+    max_in_flight : int (default: ``max-in-flight``)
         At most this many messages outstanding at once (``nodes.Window``); 0 (auto): 16 on
         Flower's simulation engine, whose dispatcher costs nodes x outstanding messages per
         tick, no limit elsewhere.
-    evaluate_every : int (default: 1)
+    evaluate_every : int (default: ``evaluate-every``)
         Evaluate every this many rounds (and always in the final round).
     reply_key : str (default: "arrays")
         The ArrayRecord key a training reply must carry: ``arrays`` (new weights),
         ``delta`` or ``gradient``; no other is accepted.
-    lr : float (default: 0.05)
+    lr : float (default: ``lr``)
         Client learning rate, scheduled across the algorithm's rounds by ``lr_schedule``.
-    lr_schedule : str (default: "constant")
+    lr_schedule : str (default: ``lr-schedule``)
         ``constant``, ``linear`` (warm-up over ``lr_warmup_fraction`` of the rounds, then
         linear decay to 0) or ``exponential`` (halve every ``lr_halve_every`` rounds).
-    lr_warmup_fraction : float (default: 0.1)
+    lr_warmup_fraction : float (default: ``lr-warmup-fraction``)
         Share of the algorithm's rounds the ``linear`` schedule warms up over.
-    lr_halve_every : int (default: 500)
+    lr_halve_every : int (default: ``lr-halve-every``)
         Rounds between halvings of the ``exponential`` schedule.
     server_optimizer : ServerOptimizer or None (default: None)
         Applied to the pseudo-gradient (or gradient) by subclasses that use one;
-        ``None`` means SGD with server lr 1 (FedAvg).
-    pretrain_rounds : int (default: 0)
+        ``None``: the app's for this algorithm (``server-optimizer``, ``server-lr``,
+        ``server-beta1``, ``server-beta2``, ``server-eps``): SGD with server lr 1 (FedAvg)
+        unless the algorithm's ``defaults`` say otherwise (PFLEGO: Adam at its rho).
+    pretrain_rounds : int (default: ``pretrain-rounds``)
         FedAvg rounds on the whole model before the algorithm starts.
     pretrain_lr : float or None (default: None)
-        Client lr of the pre-training rounds (``None``: ``lr``).
+        Client lr of the pre-training rounds (``None`` or 0: ``lr``).
     shared_names : sequence of str or None (default: None)
         Names of the shared parameters; required when ``pretrain_rounds > 0``.
-    seed : int (default: 0)
+    seed : int (default: ``seed``)
         Seed of the client-sampling generator.
-    holdout_fraction : float (default: 0.0)
+    holdout_fraction : float (default: ``holdout-fraction``)
         Share of the clients (the highest partition ids) never sampled for training: they
         are evaluated as new clients (their personal part from the algorithm's new-client
         rule) next to the trained ones.
     robust : Aggregator or None (default: None)
         A robust rule (``pflower.strategies.aggregators``) applied to the clients' *updates*
         (gradients, deltas, or ``current - returned weights``), unweighted, in place of the
-        (weighted) mean, in every phase: pre-training rounds too. ``None``: the algorithm's
-        own mean.
-    byzantine : int (default: 0)
+        (weighted) mean, in every phase: pre-training rounds too. ``None``: the app's for
+        this algorithm (``robust-aggregator``, ``robust-bucket-size``...): none, the
+        algorithm's own mean, unless its ``defaults`` name one (BR-FFGG).
+    byzantine : int (default: ``robust-byzantine``)
         Number f of Byzantine clients per round the robust rule must tolerate; checked
         against the rule's breakdown point at the first round (the sample size) and in every
         round against the replies kept: a round that cannot tolerate f is skipped and
@@ -186,7 +200,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         by ALIE / IPM nodes by the omniscient adversary's vector, computed from the round's
         honest replies. The app passes it with ``attack-simulation = true``; the strategies
         never import experiment code. None: tagged replies are dropped.
-    max_update_norm : float (default: 1000.0)
+    max_update_norm : float (default: ``max-update-norm``)
         ``K``: drop a training reply whose update (gradient, delta, or ``current - returned
         weights``) is longer than ``K`` times the reference ``R`` of its kind, at every round
         size. ``R`` starts at ``S / K`` (``S`` the shared parameters' norm, over the client lr
@@ -195,15 +209,15 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         round, never down (``checks.UpdateNormBound``). 1000 leaves room for honest PFLEGO
         gradients (a client sampled again after many rounds reached 103 x the run's largest
         median) while a broken client's 1e30 is far beyond it. 0 turns the bound off.
-    update_norm_growth : float (default: 2.0)
+    update_norm_growth : float (default: ``update-norm-growth``)
         ``g``: the reference grows by at most this factor per round, so no sequence of
         replies can walk it up faster (after r rounds ``R <= g^r S / K``).
-    max_num_examples : int (default: 0)
+    max_num_examples : int (default: ``max-num-examples``)
         Drop a reply claiming more training examples than this; 0: more than 100 times the
         lower median of the claims known (every node's first accepted claim and this round's),
         at every round size. Independently, a node's claim must equal what it reported at
         start-up (when the strategy asked) or in its first accepted reply.
-    max_failed_rounds : int (default: 3)
+    max_failed_rounds : int (default: ``max-failed-rounds``)
         Stop the run (``checks.RunFailed``, with the drop reasons) after this many
         consecutive training rounds that applied no reply; 0: never.
     algorithm : str or None (default: None)
@@ -221,32 +235,37 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
     #: app sends the run config's ``algorithm``)
     algorithm = "fedavg|fedavg-ft"
 
+    #: this algorithm's values for the run-config keys left at ``auto`` (``settings.AUTO``),
+    #: the same mapping its registration declares (``registry.Algorithm.defaults``): a
+    #: strategy built by hand uses them as the app does (``app_settings``)
+    defaults: ClassVar[Mapping[str, Any]] = {}
+
     def __init__(
         self,
         *,
-        fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
-        evaluate_every: int = 1,
-        final_evaluate_fraction: float = 0.0,
-        max_in_flight: int = 0,
+        fraction_train: float = RUN_DEFAULTS.fraction_train,
+        fraction_evaluate: float = RUN_DEFAULTS.fraction_evaluate,
+        evaluate_every: int = RUN_DEFAULTS.evaluate_every,
+        final_evaluate_fraction: float = RUN_DEFAULTS.final_evaluate_fraction,
+        max_in_flight: int = RUN_DEFAULTS.max_in_flight,
         reply_key: str = ARRAYS,
-        lr: float = 0.05,
-        lr_schedule: str = "constant",
-        lr_warmup_fraction: float = 0.1,
-        lr_halve_every: int = 500,
+        lr: float = RUN_DEFAULTS.lr,
+        lr_schedule: str = RUN_DEFAULTS.lr_schedule,
+        lr_warmup_fraction: float = RUN_DEFAULTS.lr_warmup_fraction,
+        lr_halve_every: int = RUN_DEFAULTS.lr_halve_every,
         server_optimizer: ServerOptimizer | None = None,
-        pretrain_rounds: int = 0,
+        pretrain_rounds: int = RUN_DEFAULTS.pretrain_rounds,
         pretrain_lr: float | None = None,
         shared_names: Sequence[str] | None = None,
-        seed: int = 0,
-        holdout_fraction: float = 0.0,
+        seed: int = RUN_DEFAULTS.seed,
+        holdout_fraction: float = RUN_DEFAULTS.holdout_fraction,
         robust: Aggregator | None = None,
-        byzantine: int = 0,
+        byzantine: int = RUN_DEFAULTS.robust_byzantine,
         attack_simulation: Callable | None = None,
-        max_update_norm: float = 1000.0,
-        update_norm_growth: float = 2.0,
-        max_num_examples: int = 0,
-        max_failed_rounds: int = 3,
+        max_update_norm: float = RUN_DEFAULTS.max_update_norm,
+        update_norm_growth: float = RUN_DEFAULTS.update_norm_growth,
+        max_num_examples: int = RUN_DEFAULTS.max_num_examples,
+        max_failed_rounds: int = RUN_DEFAULTS.max_failed_rounds,
         algorithm: str | None = None,
         settings_fingerprint: str = "",
         min_available_nodes: int = 1,
@@ -285,7 +304,8 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         self.lr_schedule = lr_schedule
         self.lr_warmup_fraction = lr_warmup_fraction
         self.lr_halve_every = lr_halve_every
-        self.server_optimizer = server_optimizer or ServerOptimizer("sgd", 1.0)
+        app = self.app_settings()
+        self.server_optimizer = server_optimizer or ServerOptimizer.of(app)
         self.pretrain_rounds = pretrain_rounds
         self.pretrain_lr = pretrain_lr or lr
         self.shared_names = list(shared_names) if shared_names is not None else None
@@ -294,6 +314,8 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         self.holdout_fraction = holdout_fraction
         if byzantine < 0:
             raise ValueError(f"byzantine = {byzantine}: must be >= 0")
+        if robust is None:  # the algorithm's rule (BR-FFGG's), drawing from this seed
+            robust = robust_aggregator(app.model_copy(update={"seed": seed}))
         self.robust, self.byzantine = robust, byzantine
         self.attack_simulation = attack_simulation
         self.init_checks(max_update_norm, update_norm_growth, max_num_examples, max_failed_rounds)
@@ -319,6 +341,13 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         self.run_tag = ""
         self._round_start = 0.0
         self._robust_checked = False  # check_robust at the run's first training round
+
+    @classmethod
+    def app_settings(cls) -> RunSettings:
+        """The run-level settings the app runs this algorithm with when no key is set (the
+        run-config reference's defaults, the algorithm's ``defaults`` for keys at ``auto``):
+        where this class's constructor defaults come from."""
+        return RUN_DEFAULTS.resolved(cls.defaults)
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, **kwargs):
@@ -686,12 +715,7 @@ def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> d
         "lr_schedule": cfg.lr_schedule,
         "lr_warmup_fraction": cfg.lr_warmup_fraction,
         "lr_halve_every": cfg.lr_halve_every,
-        "server_optimizer": ServerOptimizer(
-            cfg.effective_server_optimizer,
-            cfg.effective_server_lr,
-            (cfg.server_beta1, cfg.server_beta2),
-            cfg.server_eps,
-        ),
+        "server_optimizer": ServerOptimizer.of(cfg),
         "pretrain_rounds": cfg.pretrain_rounds,
         "pretrain_lr": cfg.effective_pretrain_lr,
         "shared_names": shared_names,

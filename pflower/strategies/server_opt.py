@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from pflower.settings import LR_SCHEDULES, SERVER_OPTIMIZERS
+from pflower.settings import LR_SCHEDULES, SERVER_OPTIMIZERS, RunSettings
 
 
 class ServerOptimizer:
@@ -60,6 +60,18 @@ class ServerOptimizer:
         self.name, self.lr, self.betas, self.eps = name, lr, betas, eps
         self._params: dict[str, torch.Tensor] = {}
         self._optimizer: torch.optim.Optimizer | None = None
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> ServerOptimizer:
+        """The server optimizer of a run config's keys (``server-optimizer``, ``server-lr``,
+        ``server-beta1`` / ``-beta2`` / ``-eps``), ``auto`` values resolved as the
+        algorithm's (the app's strategies and those built by hand both get theirs here)."""
+        return cls(
+            settings.effective_server_optimizer,
+            settings.effective_server_lr,
+            (settings.server_beta1, settings.server_beta2),
+            settings.server_eps,
+        )
 
     def _ensure(self, current: Mapping[str, np.ndarray]) -> None:
         shapes = {k: tuple(v.shape) for k, v in current.items()}
