@@ -5,7 +5,10 @@ Many Flower projects still write their client as a ``NumPyClient`` (``get_parame
 around *your* model and data loaders: the arrays it exchanges are the **shared** parameters
 only (in ``split.shared`` order); the personal ones stay in its store — a directory on the
 device with ``state_dir`` (atomic writes, survives restarts), or the node's ``context.state`` — and
-training runs pflower's client half of the algorithm (FedAlt, FedSim, APFL, ...) unchanged::
+training runs pflower's client half of the algorithm (FedAlt, FedSim, APFL, ...) unchanged, on
+the same path as ``pflower.personal_client.PersonalizedClient`` (which serves every algorithm
+from a message-API ClientApp: those replying with gradients or deltas too, which the NumPyClient
+interface cannot carry)::
 
     from pflower.numpy_client import PersonalizedNumPyClient, numpy_client_app
     from pflower.task.split import make_split
@@ -37,17 +40,15 @@ from flwr.clientapp import ClientApp
 from torch import nn
 from torch.utils.data import DataLoader
 
-from pflower.config import Config
-from pflower.context_store import ContextStore, scope_job
-from pflower.strategies import ALGORITHMS, get_algorithm
+from pflower.personal_client import PersonalizedClient
+from pflower.strategies import ALGORITHMS
 from pflower.strategies.client import ClientJob, measured
 from pflower.task import split as splits
-from pflower.task.state import DirectoryStore
 from pflower.wire import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, PERSONAL_INIT, PHASE, PRETRAIN
 
 #: algorithms whose client half replies with weights under ``arrays`` (what NumPyClient.fit
 #: returns), as each declares (``numpy_client``); gradient-replying ones (FFGG, PFLEGO) need
-#: their own reply key
+#: their own reply key: ``pflower.personal_client.PersonalizedClient`` serves them
 SUPPORTED = tuple(name for name, entry in ALGORITHMS.items() if entry.numpy_client)
 
 
@@ -59,7 +60,9 @@ class PersonalizedNumPyClient(NumPyClient):
     model : nn.Module
         The client's model (its parameters are overwritten by each message's shared ones).
     split : pflower.task.split.Split
-        Which parameters are shared (exchanged) and personal (kept).
+        Which parameters are shared (exchanged) and personal (kept); refused, naming the
+        fix, where the algorithm cannot use it (APFL exchanges every parameter and keeps its
+        personal model in its state: ``make_split(model, "none")``).
     train_loader, test_loader : DataLoader
         The client's data.
     algorithm : str (default: "fedalt")
@@ -85,26 +88,29 @@ class PersonalizedNumPyClient(NumPyClient):
         state: RecordDict | None = None,
     ) -> None:
         if algorithm not in SUPPORTED:
-            raise ValueError(f"algorithm = {algorithm!r}: must be one of {SUPPORTED}")
-        self.cfg = Config.from_run_config({**dict(run_config or {}), "algorithm": algorithm})
-        self.half = get_algorithm(algorithm).client
-        self.model, self.split = model, split
-        self.train_loader, self.test_loader = train_loader, test_loader
-        if state_dir:
-            self.store = DirectoryStore(state_dir)
-        elif state is not None:
-            self.store = ContextStore(state)
-        else:
+            raise ValueError(
+                f"algorithm = {algorithm!r}: must be one of {SUPPORTED} (their replies are "
+                "weights, what fit returns); pflower.personal_client.PersonalizedClient serves "
+                "every algorithm from a ClientApp"
+            )
+        if not state_dir and state is None:
             raise ValueError(
                 "pass state_dir (a directory on the device) or state=context.state: the "
                 "personal parameters must outlive this client object"
             )
-        # where a client without personal state starts: the model's own initial values
-        self.init_personal = {
-            k: v.detach().clone() for k, v in splits.get_tensors(model, split.personal).items()
-        }
+        self.client = PersonalizedClient(
+            model,
+            train_loader,
+            test_loader,
+            algorithm=algorithm,
+            personal=split,
+            run_config=run_config,
+            state=state,
+            state_dir=state_dir,
+        )
+        self.cfg, self.half = self.client.cfg, self.client.half
+        self.model, self.split = model, self.client.split
         self.personal_init: ArrayRecord | None = None  # the server's, once it sends one
-        self.device = next(model.parameters()).device
 
     def get_parameters(self, config) -> list[np.ndarray]:
         tensors = splits.get_tensors(self.model, self.split.shared)
@@ -134,27 +140,12 @@ class PersonalizedNumPyClient(NumPyClient):
                 f"received {len(parameters)} arrays; this client exchanges {len(names)} "
                 f"tensors in this phase ({', '.join(names[:3])}, ...)"
             )
-        job = ClientJob(
-            cfg=self.cfg,
-            partition_id=0,
-            num_partitions=1,
-            model=self.model,
-            split=self.split,
-            train_loader=self.train_loader,
-            test_loader=self.test_loader,
-            store=self.store,
-            device=self.device,
-            init_personal={k: v.clone() for k, v in self.init_personal.items()},
-            handshake_settings=False,  # the algorithm is checked; model and data are the user's
-        )
         records = {
             ARRAYS: ArrayRecord({k: Array(np.asarray(p)) for k, p in zip(names, parameters)})
         }
         if self.personal_init is not None:
             records[PERSONAL_INIT] = self.personal_init
-        job.receive(records, config)
-        scope_job(job, config, training)  # state of this configuration only (context_store)
-        return job
+        return self.client.job(records, config, training)
 
     def fit(self, parameters, config):
         config = dict(config)

@@ -186,6 +186,10 @@ def _names(model: nn.Module) -> list[str]:
 class APFLClient(ClientHalf):
     """Local steps on (w, v, alpha) with one minibatch each; sends w."""
 
+    def check(self, cfg, model, split, train_loop) -> None:
+        super().check(cfg, model, split, train_loop)
+        refuse_batchnorm(cfg, model)
+
     def _state(self, job: ClientJob) -> tuple[dict[str, torch.Tensor], float, int] | None:
         names = _names(job.model)
         v = job.load(V_KEY, splits.get_tensors(job.model, names))
@@ -360,15 +364,21 @@ class _Mixture(nn.Module):
         return functional_call(self.model, mixed, (x,))
 
 
+def refuse_batchnorm(cfg: Config, model: nn.Module) -> None:
+    """APFL mixes parameters, not BatchNorm's running statistics: such a model needs the
+    mixing of outputs."""
+    norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    if cfg.apfl_mixing == "parameters" and norms:
+        raise ValueError(
+            f"key 'model' = {cfg.model!r}: has BatchNorm; APFL's parameter mixing of "
+            "running statistics is ill-defined: use apfl-mixing 'outputs' or a model "
+            "without BatchNorm"
+        )
+
+
 def apfl_strategy(cfg: Config, **kwargs) -> APFL:
     if cfg.apfl_mixing == "parameters":
-        model = build_run_model(cfg)
-        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-            raise ValueError(
-                f"key 'model' = {cfg.model!r}: has BatchNorm; APFL's parameter mixing of "
-                "running statistics is ill-defined: use apfl-mixing 'outputs' or a model "
-                "without BatchNorm"
-            )
+        refuse_batchnorm(cfg, build_run_model(cfg))
     return APFL(weighted=cfg.apfl_weighting == "num-examples", **kwargs)
 
 

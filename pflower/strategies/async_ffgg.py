@@ -212,6 +212,7 @@ class AsyncFFGG(FFGG):
         evaluate_config=None,
         evaluate_fn=None,
     ) -> Result:
+        self.refuse_other_lr(train_config)
         self.history = []
         self.counts = {"replies": 0, "applied": 0, "dropped": 0, "timed-out": 0}
         self.learn_partitions(grid, timeout=timeout or 3600.0)

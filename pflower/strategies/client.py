@@ -9,7 +9,7 @@ import contextlib
 import functools
 import math
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -72,6 +72,10 @@ class ClientJob:
     #: whether the handshake compares the server's settings fingerprint with ``cfg``'s (not
     #: for the NumPyClient adapter: its model and data are the user's, not ``cfg``'s)
     handshake_settings: bool = True
+    #: a training loop of the user's, ``train_loop(model, loader, epochs, lr, device) ->
+    #: loss`` (Flower's quickstart ``train``), which then takes every ``sgd`` call: it trains
+    #: the parameters of the call, the others frozen (``pflower.personal_client``)
+    train_loop: Callable | None = None
 
     @property
     def num_train(self) -> int:
@@ -153,20 +157,52 @@ class ClientJob:
         loader: DataLoader | None = None,
         correction: Sequence[torch.Tensor] | None = None,
     ) -> training.TrainResult:
-        """The shared training primitive with this run's optimiser settings."""
+        """The shared training primitive with this run's optimiser settings (the user's
+        ``train_loop`` when there is one)."""
         cfg = self.cfg
+        epochs = cfg.local_epochs if epochs is None else epochs
+        steps = cfg.local_steps if steps is None else steps
+        if self.train_loop is not None:
+            return self._users_loop(params, lr, epochs, steps, loader, correction)
         return training.sgd(
             self.model,
             params,
             loader or self.train_loader,
             lr=lr,
-            epochs=cfg.local_epochs if epochs is None else epochs,
-            steps=cfg.local_steps if steps is None else steps,
+            epochs=epochs,
+            steps=steps,
             momentum=cfg.momentum,
             weight_decay=cfg.weight_decay,
             max_grad_norm=cfg.max_grad_norm,
             correction=correction,
             device=self.device,
+        )
+
+    def _users_loop(self, params, lr, epochs, steps, loader, correction) -> training.TrainResult:
+        """``epochs`` of the user's ``train_loop`` on ``params`` only: every other parameter
+        is frozen (no gradient, so no optimizer of theirs moves it) and no gradient is left
+        from an earlier phase. One rate, whole epochs, no gradient correction: what a
+        quickstart loop takes; client halves that need more never get a ``train_loop``
+        (``ClientHalf.users_loop``)."""
+        groups = list(params) if params and isinstance(params[0], dict) else [{"params": params}]
+        rates = [float(g.get("lr", lr)) for g in groups]
+        if correction is not None or steps or not math.isclose(min(rates), max(rates)):
+            raise ValueError(
+                f"{self.cfg.algorithm}: a step of {len(rates)} rates, {steps} minibatch steps or "
+                "a gradient correction, which your train_fn (epochs at one lr) cannot take; set "
+                "'local-steps' / 'personal-steps' to 0, 'personal-lr' to 0, or drop train_fn"
+            )
+        trainable = [p for g in groups for p in g["params"]]
+        loader = loader or self.train_loader
+        if not trainable or not epochs or len(loader) == 0:
+            return training.TrainResult(loss=float("nan"), steps=0, examples=0)
+        for p in self.model.parameters():
+            p.grad = None
+        self.model.train()
+        with training.only_trainable(self.model, trainable):
+            loss = self.train_loop(self.model, loader, epochs, rates[0], self.device)
+        return training.TrainResult(
+            loss=float(loss), steps=epochs * len(loader), examples=epochs * len(loader.dataset)
         )
 
     def fine_tune(self, names) -> training.TrainResult:
@@ -243,6 +279,25 @@ class ClientHalf:
     has_global = True
     #: Whether the personalized model differs from the global one (not for plain FedAvg).
     personalizes = True
+    #: Whether every local step this half takes is plain SGD on some of the parameters at
+    #: one rate (``ClientJob.sgd``), which a training loop of the user's can take
+    #: (``ClientJob.train_loop``); halves with a step of their own (a gradient, a delta with
+    #: control variates, APFL's mixed step) run pflower's
+    users_loop = False
+
+    def check(self, cfg: Config, model: nn.Module, split: splits.Split, train_loop) -> None:
+        """Refuse, before any message, a client this half cannot serve: a model, split or
+        training loop of the user's (``pflower.personal_client``); a ``ValueError`` that
+        names the fix. The base refuses step counts that a loop of epochs cannot follow."""
+        if train_loop is None:
+            return
+        counts = {"local-steps": cfg.local_steps, "personal-steps": cfg.personal_steps}
+        for key, value in counts.items():
+            if value:
+                raise ValueError(
+                    f"key {key!r} = {value} with train_fn: your loop runs whole epochs; set "
+                    f"{key!r} to 0 (epochs: 'local-epochs', 'personal-epochs') or drop train_fn"
+                )
 
     def reply(
         self, job: ClientJob, config: Mapping

@@ -132,6 +132,8 @@ class FedSim(FedAlt):
 class _PartialClient(ClientHalf):
     """What FedAlt's and FedSim's client halves share: where v starts, how it is evaluated."""
 
+    users_loop = True  # each phase is plain SGD on u, v or both
+
     def start_personal(self, job: ClientJob) -> None:
         """Stateful: the stored v (or the init on first contact). Stateless: the init."""
         if job.cfg.stateful:
@@ -172,6 +174,15 @@ class FedAltClient(_PartialClient):
 
 class FedSimClient(_PartialClient):
     """LocalSim: joint SGD steps on (u, v), one minibatch gradient, a rate for each part."""
+
+    def check(self, cfg, model, split, train_loop) -> None:
+        super().check(cfg, model, split, train_loop)
+        if train_loop is not None and cfg.personal_lr:
+            raise ValueError(
+                f"key 'personal-lr' = {cfg.personal_lr} with train_fn: LocalSim's joint step "
+                "has a rate for each part and your loop takes one; set 'personal-lr' to 0 or "
+                "drop train_fn"
+            )
 
     def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
         self.start_personal(job)

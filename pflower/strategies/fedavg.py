@@ -68,6 +68,7 @@ class FedAvgClient(ClientHalf):
     """Local SGD on the whole received model; the personalized model is the global one."""
 
     personalizes = False
+    users_loop = True
 
     def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
         result = job.sgd(job.shared_params(), lr=job.lr)
@@ -93,6 +94,8 @@ class FedAvgFineTuneClient(FedAvgClient):
 class LocalGDClient(FedAvgClient):
     """tau full-batch gradient-descent steps on the whole received model."""
 
+    users_loop = False
+
     def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
         steps = job.cfg.local_steps or job.cfg.local_epochs
         seen = training.gradient_descent(
@@ -113,6 +116,7 @@ class LocalClient(ClientHalf):
     """Each client trains its own whole model, kept in its store between rounds."""
 
     has_global = False
+    users_loop = True
 
     def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
         job.restore_personal()

@@ -118,7 +118,8 @@ def head_module(model: nn.Module, personal: tuple[str, ...]) -> tuple[str, nn.Li
             return name, module
     raise ValueError(
         f"key 'split': PFLEGO personalizes exactly the last linear layer (weight and bias); "
-        f"this split's personal part is {list(personal)}: use split 'head'"
+        f"this split's personal part is {list(personal)}: use split 'head' (in your own "
+        "ClientApp: personal='head')"
     )
 
 
@@ -226,6 +227,10 @@ class PFLEGOClient(ClientHalf):
     """Head-only GD on cached features, then one exact gradient of (theta, W_i)."""
 
     reply_key = GRADIENT
+
+    def check(self, cfg, model, split, train_loop) -> None:
+        super().check(cfg, model, split, train_loop)
+        head_module(model, split.personal)  # the head steps are a softmax head's
 
     def _head(self, job: ClientJob) -> nn.Linear:
         return head_module(job.model, job.split.personal)[1]

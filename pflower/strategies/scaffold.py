@@ -109,6 +109,7 @@ class ScaffoldClient(FedAvgClient):
     """K corrected local steps from x; updates and stores c_i; sends both deltas."""
 
     reply_key = DELTA
+    users_loop = False  # every step is corrected by c - c_i
 
     def train(self, job: ClientJob, config: Mapping) -> tuple[dict, dict[str, float]]:
         if CONTROL not in job.received:

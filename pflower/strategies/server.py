@@ -357,6 +357,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
                 f"num_rounds = {num_rounds} leaves no round after {self.pretrain_rounds} "
                 "pre-training rounds"
             )
+        self.refuse_other_lr(kwargs.get("train_config"))
         self.num_rounds = num_rounds
         self.history = []
         self.failed_rounds, self.value_drops = 0, {}
@@ -379,6 +380,17 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
                 self, grid, initial_arrays, resume.round + 1, num_rounds, **kwargs
             )
         return super().start(grid, initial_arrays, num_rounds=num_rounds, **kwargs)
+
+    def refuse_other_lr(self, train_config: Mapping | None) -> None:
+        """A ``train_config`` whose ``lr`` (Flower's quickstart sends one) is not this
+        strategy's ``lr``, which its schedule sends with every message in its place."""
+        sent = dict(train_config or {})
+        if LR in sent and float(sent[LR]) != self.lr:
+            raise ValueError(
+                f"train_config 'lr' = {sent[LR]}: {type(self).__name__} sends its own client "
+                f"lr (lr = {self.lr}, scheduled) with every message; pass lr={sent[LR]} to "
+                f"{type(self).__name__}(...)"
+            )
 
     def summary(self) -> None:
         log.info("\t├──> %s", type(self).__name__)

@@ -1,0 +1,1 @@
+"""Flower's PyTorch quickstart, switched to pflower's FedAlt, APFL or PFLEGO."""

@@ -1,0 +1,57 @@
+"""quickstart_app: Flower's PyTorch quickstart ClientApp, as it is before pflower (FedAvg);
+``client_app.py`` is the pflower one."""
+
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from quickstart_app.task import Net, load_data
+from quickstart_app.task import test as test_fn
+from quickstart_app.task import train as train_fn
+
+app = ClientApp()
+
+
+@app.train()
+def train(msg: Message, context: Context):
+    """Train the model on local data."""
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+
+    partition_id = context.node_config["partition-id"]
+    num_partitions = context.node_config["num-partitions"]
+    trainloader, _ = load_data(partition_id, num_partitions, context.run_config["batch-size"])
+
+    train_loss = train_fn(
+        model,
+        trainloader,
+        context.run_config["local-epochs"],
+        msg.content["config"]["lr"],
+        device,
+    )
+
+    model_record = ArrayRecord(model.state_dict())
+    metrics = {"train_loss": train_loss, "num-examples": len(trainloader.dataset)}
+    content = RecordDict({"arrays": model_record, "metrics": MetricRecord(metrics)})
+    return Message(content=content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context):
+    """Evaluate the model on local data."""
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+
+    partition_id = context.node_config["partition-id"]
+    num_partitions = context.node_config["num-partitions"]
+    _, valloader = load_data(partition_id, num_partitions, context.run_config["batch-size"])
+
+    eval_loss, eval_acc = test_fn(model, valloader, device)
+
+    metrics = {"eval_loss": eval_loss, "eval_acc": eval_acc, "num-examples": len(valloader.dataset)}
+    content = RecordDict({"metrics": MetricRecord(metrics)})
+    return Message(content=content, reply_to=msg)
