@@ -56,12 +56,19 @@ def corrupting_app(overrides, partitions, value: float):
             )
         return reply
 
+    return answer_the_rest(app, honest)
+
+
+def answer_the_rest(app, honest):
+    """``app`` (a ClientApp that changes only training replies) with its evaluate and query
+    messages answered by ``honest``, pflower's own ClientApp; returns ``app``."""
+
     @app.evaluate()
-    def evaluate(msg: Message, context: Context) -> Message:
+    def evaluate(msg, context):
         return honest(msg, context)
 
     @app.query()
-    def query(msg: Message, context: Context) -> Message:
+    def query(msg, context):
         return honest(msg, context)
 
     return app

@@ -16,6 +16,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
+from helpers import answer_the_rest
 from test_bad_clients import RUN  # digits, MLP, 2 rounds, every node every round
 
 from pflower.client_app import build_client_app
@@ -86,15 +87,7 @@ def attacking_app(overrides, attack=None, received=None, claim=None) -> ClientAp
             )
         return reply
 
-    @app.evaluate()
-    def evaluate(msg: Message, context: Context) -> Message:
-        return honest(msg, context)
-
-    @app.query()
-    def query(msg: Message, context: Context) -> Message:
-        return honest(msg, context)
-
-    return app
+    return answer_the_rest(app, honest)
 
 
 def scaled(factor_of_round, who=(0,)):
