@@ -33,8 +33,16 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
-from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
+
+try:  # flwr >= 1.32
+    from flwr.supercore.run import Run
+except ImportError:  # flwr 1.21 to 1.31
+    from flwr.common.typing import Run
+
+try:  # flwr >= 1.38: a message carries the task identity of the process that creates it
+    from flwr.supercore.task_identity import TaskIdentity
+except ImportError:  # flwr < 1.38 has none and needs none
+    TaskIdentity = None
 
 
 class LocalGrid(Grid):
@@ -98,7 +106,8 @@ class LocalGrid(Grid):
         self._pool = ThreadPoolExecutor(workers) if workers > 0 else None
         self._lock = threading.Lock()
         self._node_locks = {node: threading.Lock() for node in self.contexts}
-        if TaskIdentity._run_id is None:  # messages need a task identity (the SuperLink's)
+        # messages need a task identity (the SuperLink's) on flwr >= 1.38
+        if TaskIdentity is not None and TaskIdentity._run_id is None:
             TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 1
 
     # --- Grid API --------------------------------------------------------------------------
