@@ -66,7 +66,7 @@ def _settings_classes() -> list[tuple[type, tuple[str, ...]]]:
 
 def _declared_fields(cls: type) -> list[str]:
     """Fields a pydantic model declares itself (not inherited), in source order."""
-    fields = getattr(cls, "__pydantic_fields__", None) or {}
+    fields = getattr(cls, "model_fields", None) or {}  # pydantic >= 2.0 (the floor is 2.6)
     return [name for name in vars(cls).get("__annotations__", {}) if name in fields]
 
 
@@ -153,7 +153,7 @@ def key_rows() -> list[KeyRow]:
     for cls, algorithms in classes:
         sections = _sections(cls)
         for name in _declared_fields(cls):
-            info = cls.__pydantic_fields__[name]
+            info = cls.model_fields[name]
             key = info.alias or name
             default = info.default
             in_pyproject = run_config.get(key, default)
