@@ -78,6 +78,7 @@ def test_a_file_expands_to_named_runs_with_their_configs(tmp_path):
         # the experiment's own keys and tables
         (("nodes = 3", "nodes = 3\nworkerz = 2"), ["'workerz'", "allowed", "workers"]),
         (("nodes = 3", "nodes = 0"), ["'nodes'", ">= 1"]),
+        (("nodes = 3", "nodes = 3\nthreads = 0"), ["'threads'", ">= 1"]),
         (("seeds = [0, 1]", "seeds = []"), ["'seeds'", "non-empty"]),
         (("[base]", "[bsae]"), ["[bsae]", "[base]"]),
         (('baseline = "FedAvg"', 'baseline = "FedAvgg"'), ["'baseline'", "'FedAvgg'"]),
@@ -185,6 +186,9 @@ def test_a_run_writes_its_report_files(tmp_path):
     assert "round 2/2 |" in log  # the compact round line went to the run's log, not the bar
     assert "Aggregated MetricRecord" not in log  # Flower's raw dicts are left out
     assert row["seconds-per-round"] > 0 and row["cpu-seconds"] > 0
+    # one torch thread per run unless asked (runs go side by side)
+    with open(os.path.join(row["path"], "run.json")) as f:
+        assert json.load(f)["torch-threads"] == 1
     assert os.path.basename(row["path"]) == "seed-0"
 
 

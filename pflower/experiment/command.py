@@ -42,6 +42,7 @@ def parser() -> argparse.ArgumentParser:
         help="run-config keys over [base] for every run",
     )
     p.add_argument("--workers", type=int, default=None, help="runs side by side")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: 1)")
     p.add_argument("--check", action="store_true", help="validate the file, list runs, stop")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -63,6 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.workers is not None:
         experiment.workers = args.workers
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"--threads {args.threads}: must be an integer >= 1", file=sys.stderr)
+            return 2
+        experiment.threads = args.threads
     todo = sum(not finished(r, experiment) for r in experiment.runs)
     print(
         f"{experiment.name}: {len(experiment.labels)} runs x {len(experiment.seeds)} seeds = "

@@ -70,6 +70,12 @@ def load(
     )
     workers = meta.get("workers", 0)
     _expect(isinstance(workers, int) and workers >= 0, "workers", workers)
+    threads = meta.get("threads", 1)
+    _expect(
+        isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1,
+        "threads",
+        threads,
+    )
     base = _table(spec, "base")
     for where, table in (("[base]", base), ("--set", overrides or {})):
         for key in table:
@@ -125,6 +131,7 @@ def load(
         nodes=nodes,
         seeds=seeds,
         workers=workers,
+        threads=threads,
         out=out_dir,
         runs=runs,
         description=str(meta.get("description", "")),

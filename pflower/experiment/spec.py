@@ -21,6 +21,7 @@ EXPERIMENT_KEYS = {
     "nodes": "the number of simulated clients, an integer >= 1",
     "seeds": "a non-empty list of integers >= 0",
     "workers": "runs side by side, an integer >= 0 (0: one per CPU core; simulation: 1)",
+    "threads": "torch threads of each run, an integer >= 1 (default 1)",
     "out": "the output directory (relative to the current directory)",
     "baseline": "the label of a run, whose global model 'hurt vs' counts against",
     "columns": "a list of final metrics (summary.csv's columns) to add to the table",
@@ -78,6 +79,9 @@ class Experiment:
     labels: list[str] = field(default_factory=list)  # in the file's order
     columns: list[str] = field(default_factory=list)
     pivot: list[str] = field(default_factory=list)
+    #: torch threads per run (``torch.set_num_threads``): one, since runs go side by side
+    #: and a 2-thread torch on a shared 2-core box spends more CPU than it saves
+    threads: int = 1
     pivot_metric: str = "personal-accuracy"
     attacks: dict[str, dict] = field(default_factory=dict)  # name -> fraction, node-config
 
