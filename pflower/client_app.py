@@ -80,7 +80,13 @@ def make_job(cfg: Config, context: Context, server_round: int) -> ClientJob:
     # Reproducible whatever process runs this client: seed by (seed, client, round).
     salt = (cfg.seed * 1_000_003 + partition_id * 10_007 + server_round) % 2**63
     with GLOBAL_RNG:  # never inside another thread's stream (ClientJob.global_rng)
-        torch.manual_seed(salt)  # for a user's model that draws from the global generator
+        # for a user's model that draws from the global generator. On the CPU only the CPU
+        # generator: torch.manual_seed also queues lazy seeding of CUDA, XPU and MTIA, each
+        # capturing a stack trace, ~1 ms per message where no such device is in use (issue 29)
+        if device.type == "cpu":
+            torch.default_generator.manual_seed(salt)
+        else:
+            torch.manual_seed(salt)
     train_loader.generator.manual_seed(salt)
     return ClientJob(
         cfg=cfg,

@@ -46,10 +46,10 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import RecordDict
 
 from pflower.task.state import DirectoryStore, Store, UnreadableState, check_key
-from pflower.wire import PERSONAL_RESET, RUN_TAG, SERVER_ROUND
+from pflower.wire import PERSONAL_RESET, RUN_TAG, SERVER_ROUND, to_record, to_torch
 
 if TYPE_CHECKING:
     from pflower.strategies.client import ClientJob
@@ -72,11 +72,11 @@ class ContextStore:
         record = self.state.get(f"pflower.{check_key(key)}")
         if record is None:
             return None
-        return dict(record.to_torch_state_dict())
+        return to_torch(record)
 
     def save(self, key: str, tensors: Mapping[str, torch.Tensor]) -> None:
         state_dict = {n: t.detach().cpu() for n, t in tensors.items()}
-        self.state[f"pflower.{check_key(key)}"] = ArrayRecord(state_dict)
+        self.state[f"pflower.{check_key(key)}"] = to_record(state_dict)
 
 
 def open_store(state: RecordDict, node_config: Mapping[str, object]) -> Store:

@@ -10,6 +10,7 @@ any records its algorithm adds, and one ``metrics`` record with ``num-examples``
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from io import BytesIO
 
 import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord
 
 ARRAYS, DELTA, GRADIENT = "arrays", "delta", "gradient"
@@ -175,27 +177,99 @@ def metrics_problem(metrics: Mapping, required: tuple[str, ...] = (NUM_EXAMPLES,
     return ""
 
 
-def array_view(array: Array) -> np.ndarray:
-    """The array a reply carries, as a read-only view of its bytes (``Array.numpy()``
-    copies them: one more copy of every reply while the server aggregates). The bytes are
-    NumPy's ``.npy`` format; the header says dtype, shape and order."""
-    if array.stype != "numpy.ndarray":
-        return array.numpy()  # Flower's error for anything else
-    data = array.data
-    header = BytesIO(data)
-    readers = {
+#: NumPy's ``.npy`` magic, which starts every ``Array`` Flower serializes (``np.save``)
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_npy_header(header: bytes) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran order, dtype) of a ``.npy`` header, by NumPy's own reader. Cached:
+    the shared parameters' headers repeat in every message, and the reader's
+    ``ast.literal_eval`` cost ~0.1 ms per array (issue 29's per-message cost)."""
+    stream = BytesIO(header)
+    version = np.lib.format.read_magic(stream)
+    reader = {
         (1, 0): np.lib.format.read_array_header_1_0,
         (2, 0): np.lib.format.read_array_header_2_0,
-    }
-    reader = readers.get(np.lib.format.read_magic(header))
+    }.get(version)
     if reader is None:
-        return array.numpy()
-    shape, fortran, dtype = reader(header)
+        raise ValueError(f"unsupported .npy version {version}")
+    return reader(stream)
+
+
+def array_view(array: Array) -> np.ndarray:
+    """The array a message carries, as a read-only view of its bytes (``Array.numpy()``
+    copies them: one more copy of every reply while the server aggregates). The bytes are
+    NumPy's ``.npy`` format; the header says dtype, shape and order (parsed once per
+    distinct header, ``_parse_npy_header``)."""
+    data = array.data
+    if (
+        array.stype != "numpy.ndarray"
+        or data[:6] != _NPY_MAGIC
+        or data[6:8]
+        not in (
+            b"\x01\x00",
+            b"\x02\x00",
+        )
+    ):
+        return array.numpy()  # Flower's own path (and its error for anything else)
+    if data[6] == 1:
+        end = 10 + int.from_bytes(data[8:10], "little")
+    else:
+        end = 12 + int.from_bytes(data[8:12], "little")
+    shape, fortran, dtype = _parse_npy_header(bytes(data[:end]))
     if dtype.hasobject:  # never unpickle (as Array.numpy: allow_pickle=False)
         raise ValueError("object arrays are not accepted")
     count = int(np.prod(shape, dtype=np.int64))
-    flat = np.frombuffer(data, dtype=dtype, count=count, offset=header.tell())
+    flat = np.frombuffer(data, dtype=dtype, count=count, offset=end)
     return flat.reshape(shape, order="F" if fortran else "C")
+
+
+def to_torch(record: ArrayRecord) -> dict[str, torch.Tensor]:
+    """A record's arrays as writable tensors (``ArrayRecord.to_torch_state_dict``, without
+    re-parsing the same ``.npy`` headers in every message)."""
+    return {k: torch.from_numpy(_native_copy(array_view(a))) for k, a in record.items()}
+
+
+def _native_copy(a: np.ndarray) -> np.ndarray:
+    """A writable copy in native byte order (torch refuses a big-endian array)."""
+    return a.astype(a.dtype.newbyteorder("="), copy=True)
+
+
+@functools.lru_cache(maxsize=1024)
+def _npy_header(descr: str, shape: tuple[int, ...]) -> bytes | None:
+    """``np.save``'s header for a C-ordered array of this dtype and shape (None when the
+    header needs a version past 1.0: ``to_array`` then leaves it to ``np.save``)."""
+    stream = BytesIO()
+    d = {"descr": descr, "fortran_order": False, "shape": shape}
+    try:
+        np.lib.format.write_array_header_1_0(stream, d)
+    except ValueError:
+        return None
+    return stream.getvalue()
+
+
+def to_array(value) -> Array:
+    """An ``Array`` of a tensor or NumPy array, with the bytes ``np.save`` writes
+    (``Array.from_numpy_ndarray``) but the header built once per dtype and shape."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    a = np.asarray(value)
+    if not a.flags.c_contiguous:  # (not ascontiguousarray: it turns a 0-dim array into (1,))
+        a = np.ascontiguousarray(a)
+    if a.dtype.hasobject:
+        return Array(a)  # Flower's refusal
+    header = _npy_header(np.lib.format.dtype_to_descr(a.dtype), tuple(a.shape))
+    if header is None:
+        return Array.from_numpy_ndarray(a)
+    return Array(
+        dtype=str(a.dtype), shape=tuple(a.shape), stype="numpy.ndarray", data=header + a.tobytes()
+    )
+
+
+def to_record(tensors: Mapping) -> ArrayRecord:
+    """An ``ArrayRecord`` of named tensors or arrays, through ``to_array``."""
+    return ArrayRecord({k: to_array(v) for k, v in tensors.items()})
 
 
 def layout_problem(record: ArrayRecord, expected: Mapping[str, tuple]) -> str | None:

@@ -252,3 +252,56 @@ def test_clients_step_at_the_messages_learning_rates(algorithm):
     half.train(job, {**config, "lr": 0.05, "lr-scale": 1.0, "pflego-head-lr": 0.05})
     moved = get_tensors(job.model, list(before))
     assert any(not torch.equal(moved[k], before[k]) for k in moved)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.random.default_rng(0).random((3, 4)).astype(np.float32),
+        np.arange(5, dtype=np.int64),
+        np.array(3.5),  # 0-dim stays 0-dim
+        np.random.default_rng(1).random((2, 3, 4)),
+        np.zeros((0, 3), np.float32),
+        np.random.default_rng(2).random(4).astype(">f8"),  # big-endian
+        np.asfortranarray(np.random.default_rng(3).random((3, 5))),
+        torch.randn(4, 2, generator=torch.Generator().manual_seed(0)),
+    ],
+)
+def test_fast_array_conversion_equals_flowers(value):
+    """wire.to_array / array_view / to_torch (the cached-header paths every message uses)
+    against Flower's own Array.from_numpy_ndarray / Array.numpy: the same bytes for a
+    C-ordered array, the same values, dtype and shape for every array."""
+    from pflower.wire import array_view, to_array, to_record, to_torch
+
+    ref_np = value.numpy() if isinstance(value, torch.Tensor) else value
+    ref = Array.from_numpy_ndarray(np.asarray(ref_np))
+    mine = to_array(value)
+    if ref_np.flags.c_contiguous:
+        assert mine.data == ref.data
+    assert (mine.dtype, tuple(mine.shape)) == (ref.dtype, tuple(ref.shape))
+    for array in (mine, ref):  # either bytes read back by the fast reader
+        view = array_view(array)
+        assert view.dtype == ref.numpy().dtype and view.shape == ref.numpy().shape
+        np.testing.assert_array_equal(view, ref.numpy())
+    back = to_torch(to_record({"x": value}))["x"]
+    assert back.shape == tuple(ref_np.shape)
+    np.testing.assert_array_equal(back.numpy(), ref_np)
+    back += 1  # writable, and not the record's bytes
+
+
+def test_one_pass_yields_the_dataloaders_batches():
+    """task.data.loaders.one_pass on a ``batched`` loader: the batches the DataLoader yields,
+    in order, and the generator left in the same state (the next pass equal too)."""
+    from torch.utils.data import TensorDataset
+
+    from pflower.task.data.loaders import batched, one_pass
+
+    data = TensorDataset(torch.arange(70.0).reshape(35, 2), torch.arange(35))
+    fast = batched(data, 8, shuffle=True, generator=torch.Generator().manual_seed(5))
+    slow = batched(data, 8, shuffle=True, generator=torch.Generator().manual_seed(5))
+    for _ in range(3):
+        got, want = list(one_pass(fast)), list(slow)
+        assert len(got) == len(want) == 5
+        for (a, b), (c, d) in zip(got, want):
+            assert torch.equal(a, c) and torch.equal(b, d)
+    assert torch.equal(fast.generator.get_state(), slow.generator.get_state())

@@ -33,6 +33,8 @@ from pflower.wire import (
     PRETRAIN,
     ConfigMismatch,
     handshake_problem,
+    to_record,
+    to_torch,
 )
 
 if TYPE_CHECKING:
@@ -109,7 +111,7 @@ class ClientJob:
         return self.cfg.effective_personal_lr * float(self.config.get(LR_SCALE, 1.0))
 
     def set_shared(self, arrays: ArrayRecord) -> None:
-        splits.set_tensors(self.model, arrays.to_torch_state_dict())
+        splits.set_tensors(self.model, to_torch(arrays))
 
     def receive(self, records: Mapping[str, ArrayRecord], config: Mapping) -> None:
         """Take a message: the server's ``personal-init`` (if any), the shared parameters
@@ -130,7 +132,7 @@ class ClientJob:
 
     def set_personal_init(self, record: ArrayRecord) -> None:
         """Use the server's ``personal-init`` record as this client's personal init."""
-        tensors = dict(record.to_torch_state_dict())
+        tensors = to_torch(record)
         if list(tensors) != list(self.split.personal):
             raise ValueError(
                 f"personal-init carries {sorted(tensors)[:4]}…, this client's personal part "
@@ -139,7 +141,7 @@ class ClientJob:
         self.init_personal = tensors
 
     def shared_record(self) -> ArrayRecord:
-        return ArrayRecord(splits.get_tensors(self.model, self.split.shared))
+        return to_record(splits.get_tensors(self.model, self.split.shared))
 
     def personal_params(self) -> list[nn.Parameter]:
         return splits.parameters(self.model, self.split.personal)
@@ -333,7 +335,7 @@ class ClientHalf:
         """A FedAvg pre-training round (phase ``pretrain``): local SGD on the whole model."""
         every = [n for n, _ in job.model.named_parameters()]
         result = job.sgd(splits.parameters(job.model, every), lr=job.lr)
-        return ArrayRecord(splits.get_tensors(job.model, every)), train_metrics(job, result)
+        return to_record(splits.get_tensors(job.model, every)), train_metrics(job, result)
 
     def evaluate(self, job: ClientJob, config: Mapping) -> dict[str, float]:
         metrics: dict[str, float] = {"partition-id": job.partition_id, "num-train": job.num_train}

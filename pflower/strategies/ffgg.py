@@ -61,7 +61,7 @@ from pflower.strategies.registry import Algorithm
 from pflower.strategies.server import PersonalizedStrategy
 from pflower.task import split as splits
 from pflower.task import train as training
-from pflower.wire import DELTA, GRADIENT, NUM_EXAMPLES, ClientUpdate
+from pflower.wire import DELTA, GRADIENT, NUM_EXAMPLES, ClientUpdate, to_record
 
 if TYPE_CHECKING:
     from pflower.config import Config
@@ -285,7 +285,7 @@ class FFGGClient(_FFGGClientBase):
         shared = job.shared_params()
         grads = training.full_gradient(job.model, shared, job.train_loader, job.device)
         norm = _norm(grads)
-        record = ArrayRecord({n: g.cpu() for n, g in zip(job.split.shared, grads)})
+        record = to_record({n: g.cpu() for n, g in zip(job.split.shared, grads)})
         return record, {
             NUM_EXAMPLES: job.num_train,
             "grad-norm": norm,
@@ -325,7 +325,7 @@ class LocalFFGGClient(_FFGGClientBase):
         end = splits.get_tensors(job.model, job.split.shared)
         delta = {n: start[n] - end[n] for n in job.split.shared}
         norm = _norm(delta.values())
-        return ArrayRecord(delta), {
+        return to_record(delta), {
             NUM_EXAMPLES: job.num_train,
             "train-loss": result.loss,
             "grad-norm": norm,

@@ -54,8 +54,9 @@ from pflower.strategies.combine import weighted_mean
 from pflower.strategies.registry import Algorithm
 from pflower.strategies.server import PersonalizedStrategy
 from pflower.task import train as training
+from pflower.task.data.loaders import one_pass
 from pflower.task.run_model import build_run_model, split_by_rule
-from pflower.wire import GRADIENT, NUM_EXAMPLES, ClientUpdate
+from pflower.wire import GRADIENT, NUM_EXAMPLES, ClientUpdate, to_record
 
 if TYPE_CHECKING:
     from pflower.config import Config
@@ -143,7 +144,7 @@ def features(
     ys = []
     model.eval()
     try:
-        for x, y in loader:
+        for x, y in one_pass(loader):
             model(x.to(device))
             ys.append(y.to(device))
     finally:
@@ -287,7 +288,7 @@ class PFLEGOClient(ClientHalf):
             head.weight -= rate * g_w
             head.bias -= rate * g_b
         job.save_personal()
-        record = ArrayRecord({n: g.cpu() for n, g in zip(job.split.shared, g_theta)})
+        record = to_record({n: g.cpu() for n, g in zip(job.split.shared, g_theta)})
         return record, {
             NUM_EXAMPLES: job.num_train,
             "head-loss": loss,

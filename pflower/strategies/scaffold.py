@@ -39,7 +39,7 @@ from pflower.strategies.fedavg import FedAvgClient
 from pflower.strategies.registry import Algorithm
 from pflower.strategies.server import PersonalizedStrategy
 from pflower.task import train as training
-from pflower.wire import DELTA, ClientUpdate
+from pflower.wire import DELTA, ClientUpdate, to_record
 
 if TYPE_CHECKING:
     from pflower.config import Config
@@ -137,7 +137,7 @@ class ScaffoldClient(FedAvgClient):
             delta = {n: (xi - p).cpu() for n, xi, p in zip(names, x, params)}
             dc = {n: (cn - ci).cpu() for n, cn, ci in zip(names, c_new, c_i)}
         job.store.save(CLIENT_CONTROL, {n: cn.detach().cpu() for n, cn in zip(names, c_new)})
-        records = {DELTA: ArrayRecord(delta), CONTROL_DELTA: ArrayRecord(dc)}
+        records = {DELTA: to_record(delta), CONTROL_DELTA: to_record(dc)}
         return records, train_metrics(job, result)
 
 

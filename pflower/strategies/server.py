@@ -85,6 +85,7 @@ from pflower.wire import (
     SETTINGS_FINGERPRINT,
     TRAIN,
     ClientUpdate,
+    array_view,
     settings_fingerprint,
 )
 
@@ -643,7 +644,8 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         replies = self._in_order(replies)
         self._count_silent(server_round, replies)
         updates = self.check_train_replies(server_round, replies)
-        current = {k: a.numpy() for k, a in self._current.items()}
+        # read-only views of the sent parameters' bytes (Array.numpy() copies and re-parses)
+        current = {k: array_view(a) for k, a in self._current.items()}
         updates = self.simulate_omniscient(server_round, current, updates)
         updates = self.bound_updates(server_round, current, updates)
         entry = self._log(server_round)

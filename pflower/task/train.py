@@ -19,6 +19,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
+from pflower.task.data.loaders import one_pass
+
 
 def loss_fn(model: nn.Module):
     """The model's loss ``(output, target, reduction) -> tensor``: cross-entropy unless the
@@ -104,7 +106,8 @@ def only_trainable(model: nn.Module, params: Sequence[nn.Parameter]) -> Iterator
 
 def _cycle(loader: DataLoader, steps: int):
     """``steps`` minibatches, passing over ``loader`` again (reshuffled) as often as needed."""
-    return itertools.islice(itertools.chain.from_iterable(itertools.repeat(loader)), steps)
+    passes = (one_pass(loader) for _ in itertools.repeat(None))
+    return itertools.islice(itertools.chain.from_iterable(passes), steps)
 
 
 def sgd(
@@ -163,7 +166,7 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device | str = 
     model.eval()
     criterion, classifier = loss_fn(model), is_classifier(model)
     loss, correct, squared, n = 0.0, 0, 0.0, 0
-    for x, y in loader:
+    for x, y in one_pass(loader):
         x, y = x.to(device), y.to(device)
         out = model(x)
         loss += criterion(out, y, reduction="sum").item()
@@ -183,7 +186,7 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device | str = 
 def _loss_sum(model: nn.Module, loader: DataLoader, device) -> tuple[torch.Tensor, int]:
     """Sum of the per-example loss over ``loader`` (graph kept) and the example count."""
     total, n, criterion = 0.0, 0, loss_fn(model)
-    for x, y in loader:
+    for x, y in one_pass(loader):
         x, y = x.to(device), y.to(device)
         total = total + criterion(model(x), y, reduction="sum")
         n += len(y)
@@ -210,7 +213,7 @@ def loss_and_gradient(
     grads = [torch.zeros_like(p) for p in params]
     n, total, criterion = 0, torch.zeros(()), loss_fn(model)
     with only_trainable(model, params):
-        for x, y in loader:
+        for x, y in one_pass(loader):
             x, y = x.to(device), y.to(device)
             loss = criterion(model(x), y, reduction="sum")
             for g, gi in zip(grads, torch.autograd.grad(loss, params)):
