@@ -361,5 +361,6 @@ def test_plateau_delta_is_the_last_fifth_of_the_run():
     only_last.append({"round": 10, "evaluate": {"personal-accuracy": 0.9}})
     assert plateau_of(only_last)["plateau-delta"] is None  # nothing to compare with
     assert _plateau_mark([0.004, 0.003, 0.006]) == " ✓"  # 0.43 points
-    assert _plateau_mark([0.004, 0.003, 0.009]) == " ✗"  # 0.53 points
+    assert _plateau_mark([0.004, 0.003, 0.009]) == " ↑"  # 0.53 points, rising
+    assert _plateau_mark([-0.004, -0.003, -0.009]) == " ↓"  # falling: past its best
     assert _plateau_mark([None]) == ""

@@ -109,8 +109,8 @@ def table(experiment: Experiment, rows: list[dict]) -> str:
         + (
             ""
             if regression
-            else f" (plateau rule: |mean| < {PLATEAU_POINTS} points, ✓; ✗ still moving: "
-            "more rounds would change the comparison)"
+            else f" (plateau rule: |mean| < {PLATEAU_POINTS} points, ✓; ↑ still rising: more "
+            "rounds would raise it; ↓ falling, past its best: more rounds would lower it)"
         )
         + "; dropped: replies the server dropped in the whole run (honest clients: 0); "
         "s / round: median wall seconds of a training round after any pre-training; "
@@ -128,12 +128,16 @@ def table(experiment: Experiment, rows: list[dict]) -> str:
 
 
 def _plateau_mark(deltas: list) -> str:
-    """`` ✓`` when the seeds' mean delta is within the plateau rule, `` ✗`` when not, ``""``
-    when no run says."""
+    """`` ✓`` when the seeds' mean delta is within the plateau rule, `` ↑`` when the curve
+    still rises past it (stopped too early), `` ↓`` when it falls (past its best: a small
+    client overfits), ``""`` when no run says."""
     deltas = [d for d in deltas if d is not None and not _nan(d)]
     if not deltas:
         return ""
-    return " ✓" if abs(100 * statistics.mean(deltas)) < PLATEAU_POINTS else " ✗"
+    points = 100 * statistics.mean(deltas)
+    if abs(points) < PLATEAU_POINTS:
+        return " ✓"
+    return " ↑" if points > 0 else " ↓"
 
 
 def _scale(key: str) -> float:
