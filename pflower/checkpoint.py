@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
@@ -106,6 +106,30 @@ def interval(cfg: Config, grid: Grid) -> int:
 def strategy_state(strategy) -> dict:
     names = (*STRATEGY_ATTRIBUTES, *getattr(strategy, "checkpoint_attributes", ()))
     return {name: getattr(strategy, name) for name in names if hasattr(strategy, name)}
+
+
+def _array(dtype: str, shape: tuple, stype: str, data: bytes) -> Array:
+    return Array(dtype=dtype, shape=shape, stype=stype, data=data)
+
+
+class _StatePickler(pickle.Pickler):
+    """Pickles Flower ``Array`` objects by their four fields. An Array that went out in a
+    message caches its chunks (``Array.slice_array``: memoryview slices, which pickle
+    refuses), e.g. the ``personal-init`` record every client got after pre-training: a
+    deployment with pre-training failed its first checkpoint with "cannot pickle
+    memoryview objects" (LocalGrid and the simulation engine never deflate a message)."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, Array):
+            return _array, (obj.dtype, tuple(obj.shape), obj.stype, bytes(obj.data))
+        return NotImplemented
+
+
+def dumps_state(state: dict) -> bytes:
+    """The strategy's state as pickle bytes (``_StatePickler``)."""
+    buffer = io.BytesIO()
+    _StatePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(state)
+    return buffer.getvalue()
 
 
 @dataclass
@@ -171,7 +195,7 @@ class Checkpointer:
 
     def save(self, server_round: int, arrays: ArrayRecord) -> Path:
         self.directory.mkdir(parents=True, exist_ok=True)
-        blob = pickle.dumps(strategy_state(self.strategy), protocol=pickle.HIGHEST_PROTOCOL)
+        blob = dumps_state(strategy_state(self.strategy))
         content = {
             "format": FORMAT,
             "round": server_round,

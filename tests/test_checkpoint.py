@@ -115,3 +115,22 @@ def test_checkpoint_every_auto_is_every_round_in_deployment_only():
     assert checkpoint.interval(cfg, GrpcGrid()) == 1
     assert checkpoint.interval(Config.from_run_config({"checkpoint-every": -1}), GrpcGrid()) == 0
     assert checkpoint.interval(Config.from_run_config({"checkpoint-every": 5}), GrpcGrid()) == 5
+
+
+def test_state_with_a_sent_record_pickles_and_reads_back():
+    """An Array that went out in a message caches memoryview chunks (Flower deflates it to
+    send); the personal-init record every client gets after pre-training is one, and a
+    deployment's first checkpoint after pre-training failed on it ("cannot pickle memoryview
+    objects"). The checkpoint pickles Arrays by their fields and reads them back equal."""
+    import pickle
+
+    import numpy as np
+    from flwr.app import Array, ArrayRecord
+
+    record = ArrayRecord({"head.weight": Array(np.arange(6.0).reshape(2, 3))})
+    for array in record.values():
+        array.deflate()  # as sending it does: caches the memoryview chunks
+    with pytest.raises(TypeError, match="memoryview"):
+        pickle.dumps({"personal_init": record})  # what the checkpoint did before
+    back = pickle.loads(checkpoint.dumps_state({"personal_init": record}))["personal_init"]
+    np.testing.assert_array_equal(back["head.weight"].numpy(), np.arange(6.0).reshape(2, 3))

@@ -55,6 +55,12 @@ def main(argv: list[str] | None = None) -> None:
     up.add_argument("--dir", default="deploy")
     up.add_argument("--supernodes", type=int, default=2)
     up.add_argument("--port", type=int, default=9093, help="the gateway's (devices') port")
+    up.add_argument(
+        "--warm",
+        action="store_true",
+        help="each SuperNode with a warm SuperExec (pflower.deploy.warm_exec): every message "
+        "in a fork of a process that imported torch and the app once, not a fresh process",
+    )
     down = sub.add_parser("down", help="stop what 'up' started (<dir>/pids.json, checked)")
     down.add_argument("--dir", default="deploy")
     args = parser.parse_args(argv)
@@ -69,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "gateway":
         gateway(args.listen, args.superlink, Path(args.credentials).expanduser())
     elif args.command == "up":
-        fed = Federation(args.dir, args.supernodes, args.port)
+        fed = Federation(args.dir, args.supernodes, args.port, warm=args.warm)
         try:
             fed.up(say=lambda line: print(line, flush=True))
         except RuntimeError as err:  # Flower's own words, then what was started is stopped

@@ -22,6 +22,7 @@ from pflower.deploy.flower_cli import (
     register,
     superlink_command,
     supernode_command,
+    warm_exec_command,
 )
 from pflower.deploy.gateway import gateway_command
 from pflower.deploy.processes import descendants, is_ours, stop_tree
@@ -57,8 +58,12 @@ class Federation:
 
     def __init__(self, root: str | os.PathLike, supernodes: int = 2, port: int = 9093,
                  name: str = "pflower-deployment", fleet_host: str = "127.0.0.1",
-                 superlink_port: int | None = None) -> None:  # fmt: skip
+                 superlink_port: int | None = None, warm: bool = False) -> None:  # fmt: skip
         self.root = Path(root).expanduser().resolve()
+        #: each SuperNode with ``--isolation process`` and a warm SuperExec beside it
+        #: (``pflower.deploy.warm_exec``: every message in a fork of a process that imported
+        #: torch and the app once) instead of a fresh flwr-clientapp process per message
+        self.warm = warm
         self.supernodes, self.port, self.name = supernodes, port, name
         self.fleet_host = fleet_host
         self.superlink_port = superlink_port or port + 1
@@ -81,6 +86,8 @@ class Federation:
             "FLWR_HOME": str(self.flwr_home),
             "FLWR_TELEMETRY_ENABLED": "0",
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            # the warm SuperExec's poll for tasks (Flower's default: every second)
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05",
         }
 
     @property
@@ -184,7 +191,11 @@ class Federation:
             self.creds, f"supernode-{i if key is None else key}", self.fleet_address,
             self.port + 100 + i, config,
         )  # fmt: skip
-        return self._start(f"supernode-{i}", command)
+        if not self.warm:
+            return self._start(f"supernode-{i}", command)
+        proc = self._start(f"supernode-{i}", [*command, "--isolation", "process"])
+        self._start(f"warm-exec-{i}", warm_exec_command(self.port + 100 + i, proc.pid))
+        return proc
 
     def restart_supernode(self, i: int, timeout: float = 2 * HEARTBEAT_WINDOW_S, **node_config):
         """Start SuperNode ``i`` again after it died (``start_supernodes``: once it is alive
@@ -253,6 +264,8 @@ class Federation:
         """Stop ``label``'s process and everything below it, if it is still the process
         this federation started (its command line); a SuperNode's state is on disk, written
         atomically, so nothing is lost."""
+        if label.startswith("supernode-") and f"warm-exec-{label[10:]}" in self.entries:
+            self.stop(f"warm-exec-{label[10:]}", timeout)  # its SuperExec, if warm
         entry = self.entries.pop(label, None)
         proc = self.processes.pop(label, None)
         if entry is not None and is_ours(int(entry["pid"]), list(entry["command"])):

@@ -58,6 +58,18 @@ def supernode_command(
     ]  # fmt: skip
 
 
+def warm_exec_command(runtime_port: int, supernode_pid: int) -> list[str]:
+    """``pflower.deploy.warm_exec`` for the SuperNode whose Runtime API is on
+    ``127.0.0.1:runtime_port`` (loopback, as Flower's own SuperExec reaches it), ending
+    with that SuperNode (``--parent-pid``)."""
+    return [
+        sys.executable, "-m", "pflower.deploy.warm_exec",
+        "--runtime-api-address", f"127.0.0.1:{runtime_port}",
+        "--insecure",
+        "--parent-pid", str(supernode_pid),
+    ]  # fmt: skip
+
+
 #: Flower's answer when a public key is registered a second time
 ALREADY_REGISTERED = "already in use"
 #: Flower's answer to a SuperNode whose key still has a session the SuperLink counts as

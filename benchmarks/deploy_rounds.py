@@ -1,0 +1,133 @@
+"""What a round costs on real SuperNodes: the loopback deployment of the README (TLS, SuperNode
+authentication, the Fleet gateway; ``pflower.deploy.Federation``), one run of ``--rounds``
+rounds, each round's wall seconds from the run's results.json, against the clients' own work.
+
+    python benchmarks/deploy_rounds.py                  # Flower's default: a process per message
+    python benchmarks/deploy_rounds.py --warm           # pflower.deploy.warm_exec beside each node
+    python benchmarks/deploy_rounds.py --supernodes 20  # many SuperNodes (memory per node too)
+
+Per round: the wall seconds the ServerApp measured from sending the training messages to
+aggregating the replies (results.json's rounds: their ``seconds``), and the median
+over rounds 2.. (round 1 loads the data). The overhead is that minus the slowest client's
+training time (``train-seconds`` the replies carry is not sent; the same run on LocalGrid,
+which has no transport, gives the work: ``local_round_s``). Prints one JSON object; every
+process it started is stopped by its process id at the end (``Federation.stop_all``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+RUN = {
+    "algorithm": "fedalt",
+    "dataset": "digits",
+    "partitioner": "pathological",
+    "split": "head",
+    "pretrain-rounds": 0,
+    "fraction-train": 1.0,
+    "fraction-evaluate": 1.0,
+    "local-epochs": 1,
+    "personal-epochs": 1,
+    "finetune-epochs": 1,
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rss_mib(pids: list[int]) -> float:
+    """Resident memory of these processes and all below them, MiB (from /proc)."""
+    from pflower.deploy.processes import descendants
+
+    total = 0
+    for pid in {p for root in pids for p in (root, *descendants(root))}:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+def round_seconds(results: dict) -> list[float]:
+    return [r["seconds"] for r in results["rounds"] if r.get("seconds")]
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--supernodes", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--warm", action="store_true")
+    p.add_argument("--fraction-train", type=float, default=1.0)
+    p.add_argument("--workdir", default=None)
+    args = p.parse_args(argv)
+
+    from pflower.deploy import Federation
+    from pflower.experiments.local_grid import run_local
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="pflower-deploy-"))
+    outputs = work / "outputs"
+    run = {
+        **RUN,
+        "num-server-rounds": args.rounds,
+        "evaluate-every": args.rounds,
+        "fraction-train": args.fraction_train,
+        "outputs-dir": str(outputs),
+    }
+    fed = Federation(work / "fed", supernodes=args.supernodes, port=_free_port(), warm=args.warm)
+    started = time.monotonic()
+    try:
+        fed.up()
+        up_s = time.monotonic() - started
+        supernodes = [
+            int(e["pid"])
+            for k, e in fed.entries.items()
+            if k.startswith(("supernode", "warm-exec"))
+        ]
+        idle_mib = _rss_mib(supernodes)
+        t0 = time.monotonic()
+        done = fed.run(run, ROOT, timeout=1800)
+        run_s = time.monotonic() - t0
+        busy_mib = _rss_mib(supernodes)
+        if done.returncode != 0:
+            raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])
+    finally:
+        fed.stop_all()
+    (results_path,) = outputs.glob("*/results.json")
+    rounds = round_seconds(json.loads(results_path.read_text()))
+    local = run_local({**run, "outputs-dir": str(work / "local")}, args.supernodes)
+    local_rounds = [r.seconds for r in local.rounds if r.seconds]
+    result = {
+        "supernodes": args.supernodes,
+        "warm": args.warm,
+        "rounds": args.rounds,
+        "round_s": [round(s, 2) for s in rounds],
+        "median_round_s": round(statistics.median(rounds[1:] or rounds), 2),
+        "local_grid_median_round_s": round(statistics.median(local_rounds[1:] or local_rounds), 3),
+        "run_wall_s": round(run_s, 1),
+        "up_s": round(up_s, 1),
+        "supernode_rss_mib_idle": round(idle_mib, 1),
+        "supernode_rss_mib_after_run": round(busy_mib, 1),
+        "per_supernode_rss_mib_idle": round(idle_mib / args.supernodes, 1),
+    }
+    result["overhead_s"] = round(result["median_round_s"] - result["local_grid_median_round_s"], 2)
+    print(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

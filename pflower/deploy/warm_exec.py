@@ -1,0 +1,194 @@
+"""A warm SuperExec for one SuperNode: Flower's own SuperExec loop, each task in a fork of a
+process that has already imported torch, Flower and pflower.
+
+A SuperNode started with ``--isolation subprocess`` (Flower's default) runs its own SuperExec,
+which starts a fresh ``flwr-clientapp`` process for every message: Python, torch, Flower and
+the app are imported again each time, ~2-4 s of a 2-core device's CPU per message (issue 29
+measured ~9 s per round on the loopback deployment). With ``--isolation process`` the
+SuperNode leaves that to a SuperExec started beside it; this module is that SuperExec:
+
+- Flower's ``run_superexec`` loop, as it is (it acquires each task from the SuperNode's
+  Runtime API with its token, and hands it to an executor), with Flower's executor
+  replaced by ``ForkExecutor`` (Flower 1.41 builds its executor with ``get_executor``; the
+  SuperExec CLI offers only ``subprocess`` and ``kubernetes``, hence the replacement here);
+- ``ForkExecutor`` runs each task with Flower's own ``run_clientapp`` (the code a
+  ``flwr-clientapp`` process runs: it pulls the message, installs the FAB, loads the app,
+  pushes the reply) in a child forked from a *zygote*: a single-threaded process started
+  before the SuperExec loop starts any thread, which imported torch, Flower and pflower's
+  ClientApp once. A fork of it starts in milliseconds, and nothing a task does survives it
+  (the same isolation per message as a fresh process: the ClientApp's state is Flower's
+  ``context.state`` or the node's ``state-dir``, never process memory).
+
+    python -m pflower.deploy.warm_exec --runtime-api-address 127.0.0.1:9194 \\
+        --insecure --parent-pid <the SuperNode's pid>
+
+``pflower deploy up --warm`` (``Federation(warm=True)``) starts one beside every SuperNode.
+The polling interval of the loop is Flower's ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``
+(default 1 s); the deployment kit sets 0.05 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import threading
+from multiprocessing.connection import Connection, Pipe
+
+#: imported in the zygote before any fork: what a fresh flwr-clientapp spends its start on
+WARM_IMPORTS = (
+    "torch",
+    "flwr.supernode.runtime.run_clientapp",
+    "flwr.supercore.tls",
+    "pflower.client_app",
+)
+
+
+def _run_task(spec: dict) -> int:
+    """One task, in a forked child: Flower's ``run_clientapp``; its exit code."""
+    from flwr.supercore.tls import validate_and_resolve_root_certificates
+    from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+    try:
+        run_clientapp(
+            runtime_api_address=spec["runtime_api_address"],
+            token=spec["token"],
+            insecure=spec["insecure"],
+            certificates=validate_and_resolve_root_certificates(
+                spec["root_certificates_path"], spec["insecure"]
+            ),
+            parent_pid=spec["parent_pid"],
+            runtime_dependency_install=spec["runtime_dependency_install"],
+        )
+    except SystemExit as done:  # run_clientapp ends with Flower's flwr_exit
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    return 0
+
+
+def _zygote(conn: Connection) -> None:
+    """Receive task specs; fork a child per task; reap finished children."""
+    for name in WARM_IMPORTS:
+        __import__(name)
+    conn.send(threading.active_count())  # ready; 1: no thread a fork could leave locked
+    children: set[int] = set()
+    while True:
+        while children:  # reap, without blocking
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                children.clear()
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+        try:
+            if not conn.poll(0.2):
+                continue
+            spec = conn.recv()
+        except (EOFError, OSError):  # the SuperExec is gone
+            break
+        if spec is None:
+            break
+        pid = os.fork()
+        if pid == 0:
+            conn.close()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            code = 1
+            try:
+                code = _run_task(spec)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        children.add(pid)
+    for pid in children:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+class ForkExecutor:
+    """Flower's executor protocol (``flwr.supercore.superexec.executor.types.Executor``):
+    every task goes to the zygote, which forks a child for it."""
+
+    def __init__(self) -> None:
+        parent, child = Pipe()
+        pid = os.fork()
+        if pid == 0:  # the zygote
+            parent.close()
+            try:
+                _zygote(child)
+            finally:
+                os._exit(0)
+        child.close()
+        self.conn, self.zygote = parent, pid
+        self.threads_at_fork = self.conn.recv()  # waits for the imports
+        self.lock = threading.Lock()
+
+    def get_eligible_capacity(
+        self, supported_task_types, *, insecure=False, root_certificates_path=None
+    ):
+        del insecure, root_certificates_path
+        return supported_task_types, set()
+
+    def wait_for_capacity(
+        self, task_type=None, *, fab_hash=None, insecure=False, root_certificates_path=None
+    ):
+        del task_type, fab_hash, insecure, root_certificates_path
+
+    def launch(self, spec):
+        from flwr.supercore.constant import TaskType
+        from flwr.supercore.superexec.executor.types import LaunchResult
+
+        if spec.task_type != TaskType.CLIENT_APP:  # a SuperNode only asks for ClientApps
+            return LaunchResult.failed(f"the warm executor runs ClientApps, not {spec.task_type}")
+        with self.lock:
+            self.conn.send(
+                {
+                    "runtime_api_address": spec.runtime_api_address,
+                    "token": spec.token,
+                    "insecure": spec.insecure,
+                    "root_certificates_path": spec.root_certificates_path,
+                    "parent_pid": spec.parent_pid,
+                    "runtime_dependency_install": spec.runtime_dependency_install,
+                }
+            )
+        return LaunchResult.accepted()
+
+    def reconcile(self) -> None:
+        """The zygote reaps its own children."""
+
+    def close(self) -> None:
+        try:
+            with self.lock:
+                self.conn.send(None)
+            os.waitpid(self.zygote, 0)
+        except (OSError, ChildProcessError, BrokenPipeError):
+            pass
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runtime-api-address", required=True)
+    p.add_argument("--insecure", action="store_true")
+    p.add_argument("--root-certificates", default=None)
+    p.add_argument("--parent-pid", type=int, default=None)
+    p.add_argument("--allow-runtime-dependency-installation", action="store_true")
+    args = p.parse_args(argv)
+    # the zygote first, while this process has no thread: run_superexec then starts its own
+    executor = ForkExecutor()
+    from flwr.supercore.superexec import run_superexec as superexec
+
+    superexec.get_executor = lambda *a, **k: executor
+    superexec.run_superexec(
+        runtime_api_address=args.runtime_api_address,
+        insecure=args.insecure,
+        root_certificates_path=args.root_certificates,
+        parent_pid=args.parent_pid,
+        runtime_dependency_install=args.allow_runtime_dependency_installation,
+    )
+
+
+if __name__ == "__main__":
+    main()
