@@ -186,3 +186,22 @@ def test_local_labels_head_is_the_k_i_class_head():
     with torch.no_grad():
         predicted = (phi @ head.weight.T + head.bias).argmax(1)
     assert set(predicted.tolist()) <= set(present.tolist())
+
+
+def test_head_gradient_with_a_prebuilt_onehot_is_bit_identical():
+    """The head steps build y's one-hot once (``onehot``); subtracting it is bit for bit the
+    indexed ``-= 1`` of the closed form."""
+    import torch.nn.functional as F
+
+    from pflower.strategies.pflego import head_gradient
+
+    g = torch.Generator().manual_seed(3)
+    phi, w, b = (
+        torch.randn(37, 11, generator=g),
+        torch.randn(5, 11, generator=g),
+        torch.randn(5, generator=g),
+    )
+    y = torch.randint(0, 5, (37,), generator=g)
+    plain = head_gradient(phi, y, w, b)
+    fast = head_gradient(phi, y, w, b, F.one_hot(y, 5).to(phi.dtype))
+    assert all(torch.equal(a, c) for a, c in zip(plain, fast))
