@@ -4,7 +4,7 @@ rounds, each round's wall seconds from the run's results.json, against the clien
 
     python benchmarks/deploy_rounds.py                  # Flower's default: a process per message
     python benchmarks/deploy_rounds.py --warm           # pflower.deploy.warm_exec beside each node
-    python benchmarks/deploy_rounds.py --supernodes 20  # many SuperNodes (memory per node too)
+    python benchmarks/deploy_rounds.py --supernodes 20 --fraction-train 0.5 --join-leave
 
 Per round: the wall seconds the ServerApp measured from sending the training messages to
 aggregating the replies (results.json's rounds: their ``seconds``), and the median
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import socket
 import statistics
 import sys
@@ -63,6 +64,19 @@ def _rss_mib(pids: list[int]) -> float:
     return total / 1024
 
 
+def _wait_for(path: Path, pattern: str, proc, timeout: float = 900) -> None:
+    """Until ``pattern`` (a regex) matches the log ``path`` while ``flwr run`` (``proc``)
+    runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and re.search(pattern, path.read_text(errors="replace")):
+            return
+        if proc.poll() is not None:
+            raise SystemExit(f"the run ended before {pattern!r}")
+        time.sleep(0.5)
+    raise SystemExit(f"no {pattern!r} after {timeout} s")
+
+
 def round_seconds(results: dict) -> list[float]:
     return [r["seconds"] for r in results["rounds"] if r.get("seconds")]
 
@@ -74,6 +88,11 @@ def main(argv=None) -> dict:
     p.add_argument("--warm", action="store_true")
     p.add_argument("--fraction-train", type=float, default=1.0)
     p.add_argument("--workdir", default=None)
+    p.add_argument(
+        "--join-leave",
+        action="store_true",
+        help="the last SuperNode joins after round 2, SuperNode 0 leaves then (SIGTERM)",
+    )
     args = p.parse_args(argv)
 
     from pflower.deploy import Federation
@@ -99,16 +118,34 @@ def main(argv=None) -> dict:
             if k.startswith(("supernode", "warm-exec"))
         ]
         idle_mib = _rss_mib(supernodes)
+        late = args.supernodes - 1
+        events = []
+        if args.join_leave:  # the last node is not there when the run starts
+            fed.stop(f"supernode-{late}")
         t0 = time.monotonic()
-        done = fed.run(run, ROOT, timeout=1800)
+        if not args.join_leave:
+            done = fed.run(run, ROOT, timeout=1800)
+            failed = done.returncode != 0 and done.stdout[-3000:] + done.stderr[-3000:]
+        else:
+            proc = fed.submit(run, ROOT, "run")
+            _wait_for(fed.logs / "run.log", r"round +2/\d+ \|", proc)
+            fed.start_supernodes([late])
+            events.append(f"supernode-{late} joined after round 2 ({time.monotonic() - t0:.0f} s)")
+            fed.stop("supernode-0")
+            events.append(f"supernode-0 left after round 2 ({time.monotonic() - t0:.0f} s)")
+            failed = proc.wait(1800) != 0 and (fed.logs / "run.log").read_text()[-3000:]
         run_s = time.monotonic() - t0
-        busy_mib = _rss_mib(supernodes)
-        if done.returncode != 0:
-            raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])
+        busy_mib = _rss_mib(
+            [int(e["pid"]) for k, e in fed.entries.items() if k.startswith("supernode")]
+        )
+        if failed:
+            raise SystemExit(failed)
     finally:
         fed.stop_all()
     (results_path,) = outputs.glob("*/results.json")
-    rounds = round_seconds(json.loads(results_path.read_text()))
+    results = json.loads(results_path.read_text())
+    rounds = round_seconds(results)
+    replies = [r.get("train", {}).get("replies") for r in results["rounds"]]
     local = run_local({**run, "outputs-dir": str(work / "local")}, args.supernodes)
     local_rounds = [r.seconds for r in local.rounds if r.seconds]
     result = {
@@ -116,6 +153,8 @@ def main(argv=None) -> dict:
         "warm": args.warm,
         "rounds": args.rounds,
         "round_s": [round(s, 2) for s in rounds],
+        "replies_per_round": replies,
+        "events": events,
         "median_round_s": round(statistics.median(rounds[1:] or rounds), 2),
         "local_grid_median_round_s": round(statistics.median(local_rounds[1:] or local_rounds), 3),
         "run_wall_s": round(run_s, 1),
