@@ -264,8 +264,9 @@ class Federation:
         """Stop ``label``'s process and everything below it, if it is still the process
         this federation started (its command line); a SuperNode's state is on disk, written
         atomically, so nothing is lost."""
-        if label.startswith("supernode-") and f"warm-exec-{label[10:]}" in self.entries:
-            self.stop(f"warm-exec-{label[10:]}", timeout)  # its SuperExec, if warm
+        warm_exec = f"warm-exec-{label.removeprefix('supernode-')}"
+        if label.startswith("supernode-") and warm_exec in self.entries:
+            self.stop(warm_exec, timeout)  # its SuperExec, if warm
         entry = self.entries.pop(label, None)
         proc = self.processes.pop(label, None)
         if entry is not None and is_ours(int(entry["pid"]), list(entry["command"])):
