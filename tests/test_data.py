@@ -88,6 +88,32 @@ def test_stratified_split_keeps_proportions():
     assert sorted(np.concatenate([train, test]).tolist()) == list(range(len(y)))
 
 
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"partitioner": "iid", "dataset": "digits"},
+        {"partitioner": "dirichlet", "dataset": "digits"},
+        {"partitioner": "pathological", "dataset": "digits"},
+        {"partitioner": "round-robin", "dataset": "digits"},
+        {"partitioner": "natural", "dataset": "synthetic-leaf"},
+    ],
+    ids=lambda kw: kw["partitioner"],
+)
+def test_partition_rows_are_the_partitioners_own(kw):
+    """The fast path (the partitioner's index map through the shuffled row column) gives
+    exactly the rows, in order, that flwr-datasets' ``load_partition`` gives."""
+    from pflower.task.data.partitioning import _ROW, _Source
+
+    n = 6
+    source = data_module._source(cfg(**kw), n)
+    fresh = _Source(source.info, partitioner=source.partitioner, arrays=source.arrays)
+    for pid in (3, 0, 5, 1):
+        expected = np.asarray(source.partitioner.load_partition(pid)[_ROW], dtype=np.int64)
+        assert np.array_equal(fresh.rows(pid), expected), pid
+    covered = np.concatenate([fresh.rows(pid) for pid in range(n)])
+    assert len(set(covered.tolist())) == len(covered)  # no row in two partitions
+
+
 def test_synthetic_leaf_natural_clients():
     x, y, ids = synthetic_leaf(0.5, 0.5, 6, seed=0)
     assert x.shape[1] == 60 and set(ids.tolist()) == set(range(6)) and y.max() < 10
