@@ -71,6 +71,7 @@ STRATEGY_ATTRIBUTES = (
     "final_clients",
     "robust",
     "run_tag",
+    "privacy",  # the DP accountant's ledger and the adaptive clip
 )
 #: keys a resumed run may set differently: where and how it runs, not what it computes
 OPERATIONAL_KEYS = frozenset(

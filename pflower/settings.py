@@ -56,6 +56,7 @@ DeviceName = Literal["auto", "cpu", "cuda"]
 #: ``auto``: the algorithm's default (PFLEGO: Adam, its experiments), else SGD
 ServerOptimizerName = Literal["auto", "sgd", "adam"]
 LRSchedule = Literal["constant", "linear", "exponential"]
+DPMode = Literal["none", "central", "local"]
 #: whether the clients' personal state carries across runs (``context_store.ScopedStore``)
 PersonalState = Literal["experiment", "run"]
 #: what the console shows of a run (``report.console``)
@@ -615,6 +616,81 @@ class RunSettings(Settings):
             "training rounds that applied no reply; `0`: never"
         ),
     )
+    # --- differential privacy of the shared updates (pflower/strategies/privacy.py) --------
+    dp: DPMode = Field(
+        "none",
+        description=(
+            "user-level DP on each client's shared update (weights: sent − returned; gradients, "
+            "deltas, Scaffold's control deltas: themselves): `central` (the server clips each "
+            "update to `dp-clip`, averages over the sample, adds Gaussian noise), `local` (each "
+            "client clips and noises its own update before sending), `none`"
+        ),
+    )
+    dp_clip: float = Field(
+        1.0,
+        alias="dp-clip",
+        gt=0,
+        description="clipping norm C of a client's whole shared update (the start, if adaptive)",
+    )
+    dp_noise: float = Field(
+        -1.0,
+        alias="dp-noise",
+        ge=-1,
+        description=(
+            "noise multiplier z: noise std z·C on the sum of clipped updates (central), on each "
+            "update (local); `-1`: calibrated so the planned rounds spend `dp-epsilon`; `0`: "
+            "clipping only (ε = ∞)"
+        ),
+    )
+    dp_epsilon: float = Field(
+        0.0,
+        alias="dp-epsilon",
+        ge=0,
+        description=(
+            "privacy budget ε at `dp-delta` (Flower's RDP accountant); with `dp-noise` set, a "
+            "plan that exceeds it is refused and a round that would exceed it stops the run; "
+            "`0`: no budget (then `dp-noise` >= 0 is required)"
+        ),
+    )
+    dp_delta: float = Field(
+        1e-5,
+        alias="dp-delta",
+        gt=0,
+        lt=1,
+        description="δ of the reported (ε, δ)",
+    )
+    dp_adaptive_clip: bool = Field(
+        False,
+        alias="dp-adaptive-clip",
+        description=(
+            "central: adapt C toward the `dp-clip-quantile` of the update norms (Andrew et al. "
+            "2021, a noised count of unclipped updates; its share of the budget is accounted)"
+        ),
+    )
+    dp_clip_quantile: float = Field(
+        0.5,
+        alias="dp-clip-quantile",
+        gt=0,
+        lt=1,
+        description="adaptive clipping's target share of unclipped updates",
+    )
+    dp_clip_lr: float = Field(
+        0.2, alias="dp-clip-lr", gt=0, description="adaptive clipping's geometric step"
+    )
+    dp_clip_count_stddev: float = Field(
+        0.0,
+        alias="dp-clip-count-stddev",
+        ge=0,
+        description="std of the noise on the unclipped count; `0`: sample size / 20 (Flower's)",
+    )
+    dp_noise_seed: int = Field(
+        -1,
+        alias="dp-noise-seed",
+        description=(
+            "`-1`: noise from OS entropy; >= 0: a seeded, reproducible noise, which anyone "
+            "knowing the seed can remove (tests and experiments only)"
+        ),
+    )
     # --- straggler simulation (any algorithm; the ClientApp sleeps after training) -----------
     straggler_delay_s: float = Field(
         0.0,
@@ -754,6 +830,8 @@ class RunSettings(Settings):
                 f"key 'max-update-norm' = {self.max_update_norm}: a multiple of the reference "
                 "(a round's lower median update norm), must be 0 (off) or >= 1"
             )
+        if self.dp != "none":
+            self._check_dp()
         if self.personal_epochs == 0 and self.personal_steps == 0:
             raise ConfigError(
                 "key 'personal-epochs' = 0: with 'personal-steps' = 0 too there would be no "
@@ -810,6 +888,34 @@ class RunSettings(Settings):
         """The chosen algorithm's settings models (none when no registry is attached)."""
         entry = self.algorithms.get(self.algorithm)
         return entry.settings if entry else ()
+
+    def _check_dp(self) -> None:
+        if -1 < self.dp_noise < 0:
+            raise ConfigError(
+                f"key 'dp-noise' = {self.dp_noise}: must be -1 (calibrated from 'dp-epsilon') "
+                "or >= 0"
+            )
+        if self.dp_noise < 0 and not self.dp_epsilon:
+            raise ConfigError(
+                f"key 'dp' = {self.dp!r}: needs 'dp-noise' (the noise multiplier, >= 0) or "
+                "'dp-epsilon' (a budget the noise is calibrated to); neither is set"
+            )
+        rule = self.robust_aggregator
+        if rule == "auto" and self.algorithm in self.algorithms:  # the algorithm's own rule
+            rule = self.algorithms[self.algorithm].defaults.get("robust_aggregator", "none")
+        if self.dp == "central" and rule not in ("none", "auto"):
+            raise ConfigError(
+                f"key 'robust-aggregator' = {rule!r} with dp = 'central': the "
+                "noise is calibrated to the mean's sensitivity, which a robust rule does not "
+                "have; use dp = 'local' (the rule then only post-processes noised updates) or "
+                "robust-aggregator = 'none'"
+            )
+        if self.dp == "local" and self.dp_adaptive_clip:
+            raise ConfigError(
+                "key 'dp-adaptive-clip' = true with dp = 'local': adaptive clipping needs the "
+                "server to count unclipped updates, which local DP does not reveal; use a fixed "
+                "'dp-clip' or dp = 'central'"
+            )
 
     def _check_node_data(self) -> None:
         try:

@@ -55,6 +55,31 @@ class RunReport:
         return evaluated[-1] if evaluated else {}
 
     @property
+    def privacy(self) -> dict | None:
+        """The run's differential privacy as spent (``dp`` not ``none``): mode, clip, noise
+        multiplier, (epsilon, delta) after the last training round (epsilon ``None``: clipping
+        only, no guarantee), the accountant and its sampling model."""
+        spent = [r.train for r in self.rounds if "dp-epsilon" in r.train]
+        if self.cfg.dp == "none" or not spent:
+            return None
+        last = spent[-1]
+        return {
+            "mode": self.cfg.dp,
+            "epsilon": None if last["dp-epsilon"] == float("inf") else last["dp-epsilon"],
+            "delta": self.cfg.dp_delta,
+            "noise-multiplier": last["dp-noise"],
+            "clip": last["dp-clip"],
+            "adaptive-clip": self.cfg.dp_adaptive_clip,
+            "training-rounds": len(spent),
+            "accountant": "Flower RdpAccountant (dp-accounting)",
+            "sampling": (
+                "without replacement, replace-one neighbours"
+                if self.cfg.dp == "central"
+                else "no amplification, per client (the most sampled)"
+            ),
+        }
+
+    @property
     def dropped(self) -> int:
         return sum(sum(r.dropped.values()) for r in self.rounds)
 
@@ -157,6 +182,7 @@ def write(report: RunReport, out: Path | None = None) -> Path:
                 "final": report.final,
                 "dropped-replies": report.dropped,
                 "seconds": report.seconds,
+                "privacy": report.privacy,
             },
             indent=2,
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from typing import TYPE_CHECKING
 
 from pflower.strategies.history import RoundLog, train_loss
@@ -29,7 +30,8 @@ def human_bytes(n: float) -> str:
 def round_line(entry: RoundLog, num_rounds: int) -> str:
     """One aligned console line per round: seconds, training loss, pooled personalized and
     global test accuracy (RMSE for regression; "–" when the round was not evaluated),
-    replies used, dropped, training bytes down / up."""
+    replies used, dropped, training bytes down / up; with differential privacy the run's
+    epsilon so far (``dp-epsilon``)."""
     width = len(str(num_rounds))
     loss = train_loss(entry.train)
     ev = entry.evaluate
@@ -50,6 +52,26 @@ def round_line(entry: RoundLog, num_rounds: int) -> str:
         + f" | {sum(entry.dropped.values()):>3} dropped"
         + f" | {human_bytes(wire.get('train-down', 0)):>8} down"
         + f" {human_bytes(wire.get('train-up', 0)):>8} up"
+        + (f" | ε {_epsilon(entry.train['dp-epsilon'])}" if "dp-epsilon" in entry.train else "")
+    )
+
+
+def _epsilon(value: float) -> str:
+    return "∞" if math.isinf(value) else f"{value:.3g}"
+
+
+def privacy_line(report) -> str | None:
+    """The summary's privacy line: mode, clip, noise and the (epsilon, delta) spent."""
+    cfg = report.cfg
+    spent = [r.train for r in report.rounds if "dp-epsilon" in r.train]
+    if cfg.dp == "none" or not spent:
+        return None
+    last = spent[-1]
+    clip = "adaptive, now " if cfg.dp_adaptive_clip else ""
+    return (
+        f"privacy: dp {cfg.dp} (user-level, shared updates) | clip {clip}{last['dp-clip']:.3g} "
+        f"| noise multiplier {last['dp-noise']:.3g} | ε = {_epsilon(last['dp-epsilon'])} at "
+        f"δ = {cfg.dp_delta:g} after {len(spent)} training rounds"
     )
 
 
@@ -150,6 +172,9 @@ def summary_table(report: RunReport) -> str:
         f"({hurt_rule}): {'–' if hurt is None else int(hurt)}; "
         f"dropped replies: {report.dropped}",
     ]
+    privacy = privacy_line(report)
+    if privacy:
+        lines.append(privacy)
     if any("train-down" in r.wire for r in report.rounds):
         down, up = wire_per_round(report.rounds)
         lines.append(

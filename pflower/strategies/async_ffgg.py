@@ -119,6 +119,12 @@ class AsyncFFGGSettings(Settings):
                 f"key 'robust-aggregator' = {cfg.robust_aggregator!r}: async-ffgg applies "
                 "single client updates, there is nothing to combine robustly; set 'none'"
             )
+        if cfg.dp != "none":
+            raise ConfigError(
+                f"key 'dp' = {cfg.dp!r} with algorithm 'async-ffgg': its updates are applied one "
+                "at a time as they arrive, not as a sampled round's mean, which the accountant's "
+                "sampling without replacement describes; use 'ffgg' or 'local-ffgg' with dp"
+            )
 
 
 #: asynchronous FFGG's keys at their defaults: ``AsyncFFGG``'s constructor defaults

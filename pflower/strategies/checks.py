@@ -359,6 +359,10 @@ class ReplyChecks:
         norms = update_norms(current, updates, weights)
         scale = provisional_scale(current, self.step_factor(server_round))
         bound = self.norm_bound.bound(norms, weights, scale)
+        privacy = getattr(self, "privacy", None)
+        if privacy is not None:  # local DP: an honest noised update is long, never dropped
+            size = sum(int(np.size(a)) for a in current.values())
+            bound = max(bound, privacy.reply_norm_allowance(size))
         kept = []
         for u, size in zip(updates, norms):
             if size > bound:

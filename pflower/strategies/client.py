@@ -13,11 +13,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord
 from torch import nn
 from torch.utils.data import DataLoader
 
+from pflower.strategies import privacy
 from pflower.task import split as splits
 from pflower.task import train as training
 from pflower.task.models import GLOBAL_RNG
@@ -31,7 +33,9 @@ from pflower.wire import (
     PERSONAL_INIT,
     PHASE,
     PRETRAIN,
+    SERVER_ROUND,
     ConfigMismatch,
+    array_view,
     handshake_problem,
     to_record,
     to_torch,
@@ -65,6 +69,8 @@ class ClientJob:
     init_personal: dict[str, torch.Tensor]
     #: the message's other ArrayRecords (e.g. Scaffold's ``control``), by key
     received: dict[str, ArrayRecord] = field(default_factory=dict)
+    #: the shared parameters as received (local DP's weight update is ``sent - returned``)
+    sent: ArrayRecord | None = None
     #: the message's config record (round, phase, the schedule's ``lr`` and ``lr-scale``...)
     config: Mapping = field(default_factory=dict)
     #: this job's stream of torch's global generator (``global_rng``), seeded per message
@@ -128,6 +134,7 @@ class ClientJob:
         if PERSONAL_INIT in records:
             self.set_personal_init(records[PERSONAL_INIT])
         self.set_shared(records[ARRAYS])
+        self.sent = records[ARRAYS]
         self.received = {k: r for k, r in records.items() if k not in (ARRAYS, PERSONAL_INIT)}
 
     def set_personal_init(self, record: ArrayRecord) -> None:
@@ -239,6 +246,34 @@ class ClientJob:
         self.store.save(key, splits.get_tensors(self.model, self.split.personal))
 
 
+def local_dp(
+    job: ClientJob, records: Mapping[str, ArrayRecord], config: Mapping
+) -> dict[str, ArrayRecord]:
+    """Local DP (``dp = "local"``, ``pflower.strategies.privacy``): the reply's records as
+    one update (returned weights: ``sent - returned``; gradients, deltas, control deltas:
+    themselves), clipped to ``dp-clip`` and noised with std ``dp-noise x dp-clip`` before it
+    leaves this client; weights go back as ``sent - noised update``, in their dtypes."""
+    arrays = {
+        (key, name): array_view(a) for key, record in records.items() for name, a in record.items()
+    }
+    sent = {name: array_view(a) for name, a in job.sent.items()} if job.sent is not None else {}
+    update = {
+        kn: (sent[kn[1]].astype(np.float64) - a if kn[0] == ARRAYS else a)
+        for kn, a in arrays.items()
+    }
+    rng = privacy.noise_rng(
+        job.cfg.dp_noise_seed, job.partition_id, int(config.get(SERVER_ROUND, 0))
+    )
+    noised = privacy.local_release(update, privacy.DPSettings.of(job.cfg), rng)
+    out: dict[str, dict[str, np.ndarray]] = {key: {} for key in records}
+    for (key, name), a in arrays.items():
+        value = noised[key, name]
+        if key == ARRAYS:
+            value = sent[name].astype(np.float64) - value
+        out[key][name] = np.asarray(value, dtype=a.dtype)
+    return {key: to_record(values) for key, values in out.items()}
+
+
 def train_metrics(job: ClientJob, *results: training.TrainResult) -> dict[str, float]:
     """A training reply's metrics: aggregation weight, last loss, passes over the local data."""
     return {
@@ -309,10 +344,14 @@ class ClientHalf:
         records, the key of its update record and the metrics."""
         if config.get(PHASE) == PRETRAIN:
             record, metrics = self.pretrain(job, config)
-            return {ARRAYS: record}, ARRAYS, metrics
-        record, metrics = self.train(job, config)
-        records = record if isinstance(record, dict) else {self.reply_key: record}
-        return records, self.reply_key, metrics
+            records, key = {ARRAYS: record}, ARRAYS
+        else:
+            record, metrics = self.train(job, config)
+            records = record if isinstance(record, dict) else {self.reply_key: record}
+            key = self.reply_key
+        if job.cfg.dp == privacy.LOCAL:
+            records = local_dp(job, records, config)
+        return records, key, metrics
 
     @abstractmethod
     def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:

@@ -183,7 +183,11 @@ class L2GD(PersonalizedStrategy):
     def aggregate(
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
-        return weighted_mean([u.tensors for u in updates], [1.0] * len(updates))
+        ones = [1.0] * len(updates)
+        if self.central_dp:  # the mean of w_i as current minus the private mean of updates
+            step = self.combine([u.tensors for u in updates], ones, current)
+            return {k: current[k].astype(np.float64) - step[k] for k in current}
+        return weighted_mean([u.tensors for u in updates], ones)
 
     def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
         a, k = self._steps

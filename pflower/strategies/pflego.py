@@ -216,7 +216,9 @@ class PFLEGO(PersonalizedStrategy):
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
         sizes = [u.num_examples for u in updates]
-        if self.robust is not None:  # the robust rule over the g_i replaces the alpha-sum
+        # the robust rule (or central DP's clipped, noised mean) over the g_i replaces the
+        # alpha-sum, whose data-size weights would make the sensitivity depend on the claims
+        if self.robust is not None or self.central_dp:
             return self.server_optimizer.step(
                 current, self.combine([u.tensors for u in updates], sizes)
             )

@@ -95,8 +95,20 @@ class Scaffold(PersonalizedStrategy):
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
         ones = [1.0] * len(updates)
-        mean_delta = self.combine([u.tensors for u in updates], ones)
-        mean_dc = weighted_mean([u.extra[CONTROL_DELTA] for u in updates], ones)
+        if self.central_dp:  # (delta, control delta): one vector, one clip, one release
+            tag = CONTROL_DELTA + "/"
+            joint = self.combine(
+                [
+                    {**u.tensors, **{tag + k: v for k, v in u.extra[CONTROL_DELTA].items()}}
+                    for u in updates
+                ],
+                ones,
+            )
+            mean_delta = {k: joint[k] for k in current}
+            mean_dc = {k: joint[tag + k] for k in self.control}
+        else:
+            mean_delta = self.combine([u.tensors for u in updates], ones)
+            mean_dc = weighted_mean([u.extra[CONTROL_DELTA] for u in updates], ones)
         share = len(updates) / max(self.num_nodes, len(updates))
         # np.asarray: a 0-dim c plus a scalar is a NumPy scalar, which Array refuses
         self.control = {

@@ -64,6 +64,7 @@ from pflower.strategies.combine import (
 )
 from pflower.strategies.history import RoundLog, summarize_clients, weighted_mean_metrics
 from pflower.strategies.nodes import NodeSampling, RoundDeadline, Window, in_memory_grid
+from pflower.strategies.privacy import DPSettings, Mechanism, noise_rng
 from pflower.strategies.server_opt import ServerOptimizer, client_lr
 from pflower.wire import (
     ALGORITHM,
@@ -229,6 +230,13 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         the handshake; the app sends the run config's, a strategy built by hand none.
     min_available_nodes : int (default: 1)
         Wait until this many nodes are connected before sampling.
+    privacy : DPSettings or None (default: the ``dp-*`` keys: ``dp``, ``dp-clip``...)
+        User-level differential privacy of the shared updates (``pflower.strategies.privacy``):
+        ``central`` replaces ``combine``'s mean by the clipped, noised mean over the sampled
+        clients in every phase and for every algorithm (a robust rule is refused with it);
+        ``local`` has the clients clip and noise their updates (the client halves read the
+        run config) and lets honest noised updates through the update-norm bound. Either
+        way the accountant's epsilon is reported as the round metric ``dp-epsilon``.
     """
 
     #: the handshake's algorithm names of a strategy built by hand: the registry's names of
@@ -270,6 +278,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         algorithm: str | None = None,
         settings_fingerprint: str = "",
         min_available_nodes: int = 1,
+        privacy: DPSettings | None = None,
     ) -> None:
         if not 0 < fraction_train <= 1:
             raise ValueError(f"fraction_train = {fraction_train}: must be in (0, 1]")
@@ -318,6 +327,13 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         if robust is None:  # the algorithm's rule (BR-FFGG's), drawing from this seed
             robust = robust_aggregator(app.model_copy(update={"seed": seed}))
         self.robust, self.byzantine = robust, byzantine
+        privacy = privacy or DPSettings.of(app)
+        self.privacy = Mechanism(privacy) if privacy.on else None
+        if self.central_dp and robust is not None:
+            raise ValueError(
+                "privacy mode 'central' with a robust rule: the noise is calibrated to the "
+                "mean's sensitivity; use local DP with a robust rule, or no rule"
+            )
         self.attack_simulation = attack_simulation
         self.init_checks(max_update_norm, update_norm_growth, max_num_examples, max_failed_rounds)
         self.max_update_norm, self.max_num_examples = max_update_norm, max_num_examples
@@ -341,7 +357,13 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         #: (``context_store.ScopedStore``); a run resumed from a checkpoint keeps its tag
         self.run_tag = ""
         self._round_start = 0.0
+        self._train_round = 0  # the round whose noise ``combine`` draws (dp-noise-seed)
         self._robust_checked = False  # check_robust at the run's first training round
+
+    @property
+    def central_dp(self) -> bool:
+        """Whether the server clips and noises the mean (``dp = "central"``)."""
+        return self.privacy is not None and not self.privacy.local
 
     @classmethod
     def app_settings(cls) -> RunSettings:
@@ -522,8 +544,15 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         if not self._robust_checked:  # the rule runs from the first round, pre-training too
             self.check_robust(len(nodes))
             self._robust_checked = True
+        if self.privacy is not None:
+            if not self.privacy.accountant:  # the first training round: the population known
+                online = self._ordered(grid.get_node_ids())
+                held = self.held_out(online) if self.holdout_fraction else set()
+                self.privacy.start(len(online) - len(held), len(nodes), self.num_rounds)
+            self.privacy.check(nodes)
         log.info("round %d: training on %d nodes", server_round, len(nodes))
         self._asked = set(nodes)
+        self._train_round = server_round
         settings = {**dict(config), **self.train_config(server_round)}
         return self._messages(server_round, nodes, arrays, settings, MessageType.TRAIN)
 
@@ -573,6 +602,9 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         every round: a round that cannot meet the rule's preconditions raises
         ``RoundSkipped``). Both read the replies in place and never hold all N updates
         (``combine.weighted_mean_of_updates``, ``robust_combine``)."""
+        if self.central_dp:  # the clipped, noised mean over the sampled clients
+            rng = noise_rng(self.privacy.dp.seed, self._train_round)
+            return self.privacy.mean(vectors, len(self._asked), rng, center)
         if self.robust is None:
             if center is not None:
                 return weighted_mean_of_updates(center, vectors, weights)
@@ -628,7 +660,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         data-size weighted mean of the returned weights or, with ``robust``, ``current`` minus
         the robust rule over the updates ``current - w_i``: every phase meets the rule."""
         tensors, sizes = [u.tensors for u in updates], [u.num_examples for u in updates]
-        if self.robust is None:
+        if self.robust is None and not self.central_dp:
             return weighted_mean(tensors, sizes)
         step = self.combine(tensors, sizes, current)
         return {k: current[k].astype(np.float64) - step[k] for k in current}
@@ -643,6 +675,8 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         # in partition order, not arrival order: float sums then do not depend on timing
         replies = self._in_order(replies)
         self._count_silent(server_round, replies)
+        if self.privacy is not None and self.privacy.local:  # every report left its client
+            self.privacy.released([self.sender(m) for m in replies if not m.has_error()])
         updates = self.check_train_replies(server_round, replies)
         # read-only views of the sent parameters' bytes (Array.numpy() copies and re-parses)
         current = {k: array_view(a) for k, a in self._current.items()}
@@ -659,6 +693,8 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             log.warning(
                 "round %d: no usable reply; the shared parameters are unchanged", server_round
             )
+            if self.privacy is not None:
+                metrics.update(self.privacy.metrics())
             entry.train = metrics
             self.settle_round(server_round, applied=0)
             return self._current, MetricRecord(metrics)
@@ -672,11 +708,17 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
                 "round %d: skipped, the shared parameters are unchanged: %s", server_round, skipped
             )
             metrics.update(applied=0, skipped=1)
+            if self.privacy is not None:
+                metrics.update(self.privacy.metrics())
             entry.train = metrics
             self.settle_round(server_round, applied=0)
             return self._current, MetricRecord(metrics)
         self.settle_round(server_round, applied=len(updates))
         metrics.update(self.round_metrics(updates))
+        if self.privacy is not None:
+            if self.central_dp:  # a release: the noised mean of the sampled clients
+                self.privacy.released(sorted(self._asked))
+            metrics.update(self.privacy.metrics())
         entry.train = metrics
         # np.asarray, not np.ascontiguousarray: that one turns a 0-dim array into shape (1,),
         # which the clients then refuse as a layout they do not hold
@@ -743,4 +785,5 @@ def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> d
         "max_failed_rounds": cfg.max_failed_rounds,
         "algorithm": cfg.algorithm,
         "settings_fingerprint": settings_fingerprint(cfg),
+        "privacy": DPSettings.of(cfg),
     }
