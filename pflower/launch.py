@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -153,8 +154,13 @@ def run(argv: Sequence[str] | None = None) -> int:
     if args.federation:
         command += ["--federation", args.federation]
     run_id = None
+    # this environment's bin/ first on PATH: Flower before 1.40 starts its local SuperLink as
+    # ``flower-superlink`` from PATH, not from next to its own Python, so a venv's pflower run
+    # without the venv activated would not find it
+    here = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": os.pathsep.join([here, os.environ.get("PATH", "")])}
     proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
     )
     try:
         for line in proc.stdout:

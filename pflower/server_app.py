@@ -238,7 +238,11 @@ def server_evaluation(cfg: Config, strategy, grid: Grid):
 
 #: pflower's refusals whose message says it all (key, value and what is allowed; the rounds
 #: that applied no reply and why): the run fails with it, and its traceback is noise
-ONE_LINE_FAILURES = (ConfigError, RunFailed)
+try:  # Flower >= 1.35: a round that would exceed dp-epsilon (pflower.strategies.privacy)
+    from flwr.serverapp.exception import PrivacyBudgetExhausted
+except ImportError:  # older Flower: dp refuses to start there (its accountant is missing)
+    PrivacyBudgetExhausted = ConfigError  # noqa: N806
+ONE_LINE_FAILURES = (ConfigError, RunFailed, PrivacyBudgetExhausted)
 
 
 class OneLineFailures(logging.Filter):

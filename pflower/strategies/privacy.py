@@ -57,6 +57,7 @@ and, for anyone who knows the seed, no noise at all: for tests and experiments o
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -153,12 +154,21 @@ def local_release(
 
 
 def _accountant(delta: float, population: int, local: bool):
-    from flwr.serverapp import RdpAccountant
-    from flwr.supercore.privacy_accounting import (
-        NeighboringRelation,
-        PrivacyConfig,
-        SamplingMethod,
-    )
+    try:
+        import dp_accounting  # noqa: F401  (Flower's RdpAccountant imports it on first use)
+        from flwr.serverapp import RdpAccountant
+        from flwr.supercore.privacy_accounting import (
+            NeighboringRelation,
+            PrivacyConfig,
+            SamplingMethod,
+        )
+    except ImportError as err:
+        from pflower.settings import ConfigError
+
+        raise ConfigError(
+            f"key 'dp': the accountant needs Flower >= 1.35 with Google's dp-accounting "
+            f"({err}); pip install 'pflower[dp]'"
+        ) from None
 
     return RdpAccountant(
         PrivacyConfig(
@@ -189,12 +199,30 @@ def epsilon_of(
     """(epsilon at ``delta``) after ``rounds`` releases of noise multiplier ``noise`` (pflower's
     ``z``: std ``z C`` on the sum), ``sample`` of ``population`` clients per round; local: one
     client's reports, ``rounds`` of them."""
-    if rounds == 0:
+    return spent(noise, ((sample, rounds),), population, delta, local)
+
+
+@functools.lru_cache(maxsize=4096)
+def spent(
+    noise: float,
+    ledger: tuple[tuple[int, int], ...],
+    population: int,
+    delta: float,
+    local: bool = False,
+) -> float:
+    """(epsilon at ``delta``) after the releases of ``ledger`` ((sample size, rounds) pairs)
+    at noise multiplier ``noise``, from a fresh Flower ``RdpAccountant``: identical releases
+    compose in one call (``compose(event, count)``: their RDP once, times the count), so a
+    round costs one RDP evaluation, not one per past round. Memoized: a run asks for each
+    (ledger) once when it checks the next round and once when it releases it."""
+    if not any(rounds for _, rounds in ledger):
         return 0.0
     if noise == 0:  # clipping only
         return math.inf
     acc = _accountant(delta, 1 if local else population, local)
-    acc.compose(_event(noise, 1 if local else sample, 1 if local else population), rounds)
+    for sample, rounds in ledger:
+        if rounds:
+            acc.compose(_event(noise, 1 if local else sample, 1 if local else population), rounds)
     return acc.get_epsilon(delta)
 
 
@@ -229,9 +257,11 @@ class Mechanism:
     sample: int = 0
     rounds: int = 0
     participation: dict[int, int] = field(default_factory=dict)  # local: releases per node
+    #: central: the released rounds by sample size (the accountant composes each group once)
+    ledger: dict[int, int] = field(default_factory=dict)
     epsilon: float = 0.0
     releases: int = 0
-    accountant: object = None
+    started: bool = False
 
     def __post_init__(self) -> None:
         self.clip = self.clip or self.dp.clip
@@ -256,12 +286,11 @@ class Mechanism:
             )
         planned = epsilon_of(self.noise, rounds, sample, population, self.dp.delta, self.local)
         if budget is not None and planned > budget * (1 + 1e-9):
-            fits = next(
-                r
-                for r in range(rounds, -1, -1)
-                if epsilon_of(self.noise, r, sample, population, self.dp.delta, self.local)
-                <= budget
-            )
+            fits, over = 0, rounds  # bisection: epsilon grows with the rounds
+            while over - fits > 1:
+                mid = (fits + over) // 2
+                eps = epsilon_of(self.noise, mid, sample, population, self.dp.delta, self.local)
+                fits, over = (mid, over) if eps <= budget else (fits, mid)
             raise PrivacyBudgetExhausted(
                 f"keys 'dp-epsilon' = {self.dp.epsilon} / 'dp-noise' = {self.noise}: the "
                 f"{rounds} training rounds ({sample} of {population} clients each) would spend "
@@ -269,8 +298,7 @@ class Mechanism:
                 "rounds: raise 'dp-noise', set it to -1 (calibrated from 'dp-epsilon') or run "
                 "fewer rounds"
             )
-        # no max_epsilon in Flower's config: ``check`` compares with the budget itself
-        self.accountant = _accountant(self.dp.delta, 1 if self.local else population, self.local)
+        self.started = True
 
     def check(self, sampled: Sequence[int]) -> None:
         """Before a round: refuse a sample the accounting does not cover, and stop the run
@@ -293,10 +321,9 @@ class Mechanism:
         elif self.noise == 0:
             would = math.inf
         else:
-            acc = _accountant(self.dp.delta, self.population, False)
-            acc.load_state_dict(self.accountant.state_dict())
-            acc.compose(_event(self.noise, len(sampled), self.population))
-            would = acc.get_epsilon(self.dp.delta)
+            ledger = dict(self.ledger)
+            ledger[len(sampled)] = ledger.get(len(sampled), 0) + 1
+            would = self._spent(ledger)
         if would > self.dp.epsilon * (1 + 1e-9):
             raise PrivacyBudgetExhausted(
                 f"key 'dp-epsilon' = {self.dp.epsilon}: the next training round would spend "
@@ -314,12 +341,12 @@ class Mechanism:
             most = max(self.participation.values(), default=0)
             self.epsilon = epsilon_of(self.noise, most, 1, 1, self.dp.delta, local=True)
             return self.epsilon
-        if self.noise == 0:  # clipping only: no guarantee
-            self.epsilon = math.inf
-            return self.epsilon
-        self.accountant.compose(_event(self.noise, len(nodes), self.population))
-        self.epsilon = self.accountant.get_epsilon(self.dp.delta)
+        self.ledger[len(nodes)] = self.ledger.get(len(nodes), 0) + 1
+        self.epsilon = self._spent(self.ledger)
         return self.epsilon
+
+    def _spent(self, ledger: Mapping[int, int]) -> float:
+        return spent(self.noise, tuple(sorted(ledger.items())), self.population, self.dp.delta)
 
     def mean(
         self,
@@ -360,23 +387,6 @@ class Mechanism:
         """The round metrics: the run's epsilon so far, the clip (adaptive: this round's
         next) and the noise multiplier."""
         return {"dp-epsilon": self.epsilon, "dp-clip": self.clip, "dp-noise": self.noise}
-
-    def __getstate__(self) -> dict:
-        """Checkpoints carry the accountant as Flower's ledger (``state_dict``): the backend
-        holds modules, which do not pickle."""
-        state = dict(self.__dict__)
-        if self.accountant is not None:
-            state["accountant"] = self.accountant.state_dict()
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        ledger = state.get("accountant")
-        if isinstance(ledger, dict):
-            local = state["dp"].mode == LOCAL
-            accountant = _accountant(state["dp"].delta, 1 if local else state["population"], local)
-            accountant.load_state_dict(ledger)
-            state = {**state, "accountant": accountant}
-        self.__dict__.update(state)
 
     def reply_norm_allowance(self, size: int) -> float:
         """Local DP: the norm an honest noised update stays below (``NOISE_NORM_SLACK``),

@@ -545,7 +545,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             self.check_robust(len(nodes))
             self._robust_checked = True
         if self.privacy is not None:
-            if not self.privacy.accountant:  # the first training round: the population known
+            if not self.privacy.started:  # the first training round: the population known
                 online = self._ordered(grid.get_node_ids())
                 held = self.held_out(online) if self.holdout_fraction else set()
                 self.privacy.start(len(online) - len(held), len(nodes), self.num_rounds)
