@@ -13,24 +13,27 @@ import argparse
 import csv
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 
 
 def load(out: Path) -> dict[str, dict[float, list[dict]]]:
-    """method -> epsilon (inf: no DP) -> the seeds' rows."""
+    """method -> epsilon (inf: no DP) -> the seeds' rows. Epsilon from the run's label
+    (``dp=central dp-epsilon=4.0``); the spent epsilon and the calibrated noise multiplier
+    from the run's ``results.json`` where the run directories are there."""
     methods: dict[str, dict[float, list[dict]]] = {}
     with open(out / "summary.csv") as f:
         for row in csv.DictReader(f):
-            run = Path(row["path"])
-            config = json.loads((run / "config.json").read_text())["run-config"]
-            results = json.loads((run / "results.json").read_text())
-            privacy = results.get("privacy") or {}
-            eps = float(config["dp-epsilon"]) if config["dp"] != "none" else math.inf
+            found = re.search(r"dp-epsilon=([0-9.]+)", row["label"])
+            eps = float(found.group(1)) if found else math.inf
+            results = Path(row["path"]) / "results.json"
+            privacy = {}
+            if results.exists():
+                privacy = json.loads(results.read_text()).get("privacy") or {}
             methods.setdefault(row["name"], {}).setdefault(eps, []).append(
                 {
                     "accuracy": 100 * float(row["personal-accuracy"]),
-                    "global": 100 * float(row["global-accuracy"] or "nan"),
                     "spent": privacy.get("epsilon"),
                     "noise": privacy.get("noise-multiplier"),
                 }
@@ -56,18 +59,17 @@ def table(methods: dict[str, dict[float, list[dict]]]) -> str:
             m, s = mean_std([r["accuracy"] for r in rows])
             cells.append(f"{m:.2f} ± {s:.2f}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    noise = {
-        e: statistics.mean(
-            r["noise"] for by in methods.values() for r in by.get(e, []) if r["noise"]
-        )
-        for e in epsilons
-        if not math.isinf(e)
-    }
-    lines += [
-        "",
-        "Noise multiplier z calibrated per ε (the same for every method: same m, N, rounds): "
-        + ", ".join(f"ε {e:g}: z = {z:.3g}" for e, z in noise.items()),
-    ]
+    noise = {}
+    for e in epsilons:
+        zs = [r["noise"] for by in methods.values() for r in by.get(e, []) if r["noise"]]
+        if zs and not math.isinf(e):
+            noise[e] = statistics.mean(zs)
+    if noise:
+        lines += [
+            "",
+            "Noise multiplier z calibrated per ε (the same for every method: same m, N, "
+            "rounds): " + ", ".join(f"ε {e:g}: z = {z:.3g}" for e, z in noise.items()),
+        ]
     return "\n".join(lines)
 
 
