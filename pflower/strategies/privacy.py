@@ -51,6 +51,19 @@ set, a run whose plan would exceed the budget is refused before its first round,
 that would exceed it (the population changed) stops the run with Flower's
 ``PrivacyBudgetExhausted``.
 
+**Why not Flower's wrappers and mods.** ``DifferentialPrivacyServerSide*Clipping`` wrap a
+strategy's ``aggregate_train`` and clip each reply's single ``ArrayRecord`` of *weights*
+against the sent ones; their accounting requires ``NO_AMPLIFICATION`` and
+``FedAvg.aggregate_train``'s weighted mean. The client mods (``fixedclipping_mod``,
+``localdp_mod``) likewise take the reply's one ``ArrayRecord`` minus the message's as the
+update (``compute_clip_model_update``): right for weights, wrong for a gradient or a delta,
+refused for Scaffold's two records. pflower's mean sits inside each algorithm's ``aggregate``
+(before its server optimizer, after the reply checks), over gradients, deltas and weights, so
+the mechanism is here and uses Flower's pieces underneath the wrappers: ``clip_inputs_inplace``,
+``compute_stdv``, ``compute_adaptive_noise_params``, ``RdpAccountant`` and
+``PrivacyBudgetExhausted`` (Flower's ``add_gaussian_noise_inplace`` draws from NumPy's global
+generator, so the noise is drawn here from a generator of its own).
+
 **Noise source.** OS entropy unless ``dp-noise-seed`` >= 0. A seeded noise is reproducible
 and, for anyone who knows the seed, no noise at all: for tests and experiments only.
 """
