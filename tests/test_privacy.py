@@ -303,3 +303,14 @@ def test_local_dp_with_a_robust_rule_runs_and_lets_noised_updates_through(tmp_pa
 def test_bad_dp_configurations_fail_at_start_naming_the_key(keys, match):
     with pytest.raises(ConfigError, match=match):
         Config.from_run_config(keys)
+
+
+def test_a_noise_that_drowns_the_signal_is_named_at_start():
+    """The default run's 5 clients per round at epsilon 8: the noise on the mean is far above
+    the clipped signal; 1 000 clients per round at z = 1 on a small model is not."""
+    drowning = Mechanism(DPSettings(mode="central", clip=1.0, noise=10.0))
+    drowning.start(population=10, sample=5, rounds=20)
+    assert "will barely learn" in drowning.signal_problem(200_000)
+    fine = Mechanism(DPSettings(mode="central", clip=1.0, noise=1.0))
+    fine.start(population=10_000, sample=1000, rounds=20)
+    assert fine.signal_problem(10_000) == ""  # 1 x sqrt(1e4) / 1e3 = 0.1 < 10 x C

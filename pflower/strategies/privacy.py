@@ -401,6 +401,24 @@ class Mechanism:
         next) and the noise multiplier."""
         return {"dp-epsilon": self.epsilon, "dp-clip": self.clip, "dp-noise": self.noise}
 
+    def signal_problem(self, size: int) -> str:
+        """Why the shared model will not learn, if it will not: the noise's expected norm
+        on the mean (central: z C sqrt(d) / m; local: z C sqrt(d / m)) far above the
+        clipped signal's C. User-level DP needs many clients per round."""
+        if self.noise == 0:
+            return ""
+        m = max(self.sample, 1)
+        norm = self.noise * self.dp.clip * math.sqrt(size) / (math.sqrt(m) if self.local else m)
+        if norm <= 10 * self.dp.clip:
+            return ""
+        return (
+            f"noise multiplier {self.noise:.3g} on {m} clients per round: the noise on the mean "
+            f"has norm ~{norm:.3g} over {size} shared values, against at most {self.dp.clip:g} "
+            "of signal (dp-clip); the shared model will barely learn (or diverge). User-level "
+            "DP needs many more clients per round (the noise shrinks as 1/m), fewer rounds, a "
+            "larger dp-epsilon or fewer shared parameters"
+        )
+
     def reply_norm_allowance(self, size: int) -> float:
         """Local DP: the norm an honest noised update stays below (``NOISE_NORM_SLACK``),
         which the update-norm bound must let through; 0 otherwise."""

@@ -549,6 +549,11 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
                 online = self._ordered(grid.get_node_ids())
                 held = self.held_out(online) if self.holdout_fraction else set()
                 self.privacy.start(len(online) - len(held), len(nodes), self.num_rounds)
+                problem = self.privacy.signal_problem(
+                    sum(int(a.numpy().size) for a in arrays.values())
+                )
+                if problem:
+                    log.warning("dp: %s", problem)
             self.privacy.check(nodes)
         log.info("round %d: training on %d nodes", server_round, len(nodes))
         self._asked = set(nodes)
