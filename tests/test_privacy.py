@@ -162,6 +162,15 @@ def test_central_noise_has_the_stated_scale():
     assert abs(out.mean()) < 5 * expected / math.sqrt(d)
 
 
+def test_central_noise_is_scaled_by_the_sampled_m_when_replies_are_missing():
+    """3 of m = 5 replied: the noise std on the mean is still z C / 5 (the divisor must not
+    depend on who replied, or the noise would tell)."""
+    z, clip, m, d = 2.0, 0.5, 5, 200_000
+    mech = Mechanism(DPSettings(mode="central", clip=clip, noise=z))
+    out = mech.mean([{"w": np.zeros(d)} for _ in range(3)], m, np.random.default_rng(11))["w"]
+    assert abs(out.std() / (z * clip / m) - 1) < 5 / math.sqrt(2 * d)
+
+
 def test_local_noise_has_the_stated_scale_and_mean():
     z, clip, d = 0.8, 2.0, 200_000
     update = {"w": np.full(d, 1e-4)}  # norm 0.045 < C: kept as is
