@@ -62,16 +62,15 @@ def _epsilon(value: float) -> str:
 
 def privacy_line(report) -> str | None:
     """The summary's privacy line: mode, clip, noise and the (epsilon, delta) spent."""
-    cfg = report.cfg
-    spent = [r.train for r in report.rounds if "dp-epsilon" in r.train]
-    if cfg.dp == "none" or not spent:
+    spent = report.privacy  # results.json's privacy block
+    if spent is None:
         return None
-    last = spent[-1]
-    clip = "adaptive, now " if cfg.dp_adaptive_clip else ""
+    clip = "adaptive, now " if spent["adaptive-clip"] else ""
+    eps = "∞" if spent["epsilon"] is None else _epsilon(spent["epsilon"])
     return (
-        f"privacy: dp {cfg.dp} (user-level, shared updates) | clip {clip}{last['dp-clip']:.3g} "
-        f"| noise multiplier {last['dp-noise']:.3g} | ε = {_epsilon(last['dp-epsilon'])} at "
-        f"δ = {cfg.dp_delta:g} after {len(spent)} training rounds"
+        f"privacy: dp {spent['mode']} (user-level, shared updates) | clip {clip}"
+        f"{spent['clip']:.3g} | noise multiplier {spent['noise-multiplier']:.3g} | ε = {eps} "
+        f"at δ = {spent['delta']:g} after {spent['training-rounds']} training rounds"
     )
 
 

@@ -87,7 +87,6 @@ if TYPE_CHECKING:
     from pflower.config import Config
 
 NONE, CENTRAL, LOCAL = "none", "central", "local"
-MODES = (NONE, CENTRAL, LOCAL)
 
 #: honest local-DP replies are never dropped by the update-norm bound: ``||N(0, s^2 I_d)||``
 #: exceeds ``s (sqrt(d) + t)`` with probability below ``exp(-t^2 / 2)`` (Gaussian
@@ -273,7 +272,6 @@ class Mechanism:
     #: central: the released rounds by sample size (the accountant composes each group once)
     ledger: dict[int, int] = field(default_factory=dict)
     epsilon: float = 0.0
-    releases: int = 0
     started: bool = False
 
     def __post_init__(self) -> None:
@@ -347,7 +345,6 @@ class Mechanism:
     def released(self, nodes: Sequence[int]) -> float:
         """Compose a released round (``nodes``: the sampled clients) and return the run's
         epsilon at ``dp-delta``."""
-        self.releases += 1
         if self.local:
             for n in nodes:
                 self.participation[n] = self.participation.get(n, 0) + 1

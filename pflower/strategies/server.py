@@ -550,7 +550,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
                 held = self.held_out(online) if self.holdout_fraction else set()
                 self.privacy.start(len(online) - len(held), len(nodes), self.num_rounds)
                 problem = self.privacy.signal_problem(
-                    sum(int(a.numpy().size) for a in arrays.values())
+                    sum(int(np.prod(a.shape)) for a in arrays.values())
                 )
                 if problem:
                     log.warning("dp: %s", problem)
