@@ -9,6 +9,7 @@ the guarantee it checks against numbers computed here, not by the code under tes
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -455,6 +456,61 @@ def test_client_update_norms_in_the_bound_are_those_computed_here():
     other = ClientUpdate(2, {"a": np.zeros(2), "b": np.zeros((1, 1))}, {"num-examples": 1})
     assert list(update_norms(current, [same, other], weights=True)) == [0.0, 13.0]
     assert list(update_norms(current, [same], weights=False)) == [13.0]
+
+
+def test_update_norms_and_means_equal_an_independent_computation():
+    """The server's per-reply arithmetic, which reuses float64 buffers across replies and
+    layers (issue 29): each update norm against math.fsum over Python floats of the
+    float32 difference, and the weighted means bit for bit against the plain formula
+    ``sum_i w_i (c - a_i)`` / ``sum_i w_i a_i`` in float64 with normalized weights."""
+    from pflower.strategies.checks import update_norms
+    from pflower.strategies.combine import weighted_mean, weighted_mean_of_updates
+
+    rng = np.random.default_rng(4)
+    shapes = {"w": (5, 7), "b": (5,), "s": ()}
+    current = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    replies = [
+        {k: (c + rng.standard_normal(c.shape)).astype(np.float32) for k, c in current.items()}
+        for _ in range(4)
+    ]
+    updates = [ClientUpdate(i, r, {"num-examples": 1}) for i, r in enumerate(replies)]
+    for weights in (True, False):
+        got = update_norms(current, updates, weights)
+        for norm, reply in zip(got, replies):
+            values = [
+                float(x)
+                for k in shapes
+                for x in np.ravel(current[k] - reply[k] if weights else reply[k])
+            ]
+            assert norm == pytest.approx(math.sqrt(math.fsum(x * x for x in values)), rel=1e-12)
+    w = [3.0, 1.0, 2.0, 5.0]
+    norm_w = np.asarray(w) / sum(w)
+    means = weighted_mean_of_updates(current, replies, w)
+    plain = weighted_mean(replies, w)
+    for k, c in current.items():
+        want = sum(wi * (c.astype(np.float64) - r[k]) for wi, r in zip(norm_w, replies))
+        np.testing.assert_array_equal(means[k], want)
+        assert means[k].dtype == np.float64 and means[k].shape == c.shape
+        want = sum(wi * r[k].astype(np.float64) for wi, r in zip(norm_w, replies))
+        np.testing.assert_array_equal(plain[k], want)
+
+
+def test_server_sgd_at_lr_1_equals_torchs_step():
+    """ServerOptimizer's FedAvg step (SGD, lr 1) is ``current - gradient`` in float64, bit for
+    bit what the torch optimizer it skips computes."""
+    from pflower.strategies.server_opt import ServerOptimizer
+
+    rng = np.random.default_rng(5)
+    current = {"a": rng.standard_normal((4, 3)).astype(np.float32), "s": np.float32(2.5)}
+    current["s"] = np.asarray(current["s"])
+    gradient = {k: rng.standard_normal(np.shape(v)) for k, v in current.items()}
+    got = ServerOptimizer("sgd", 1.0).step(current, gradient)
+    for k, v in current.items():
+        p = torch.tensor(np.asarray(v, dtype=np.float64), requires_grad=True)
+        p.grad = torch.from_numpy(gradient[k])
+        torch.optim.SGD([p], lr=1.0).step()
+        np.testing.assert_array_equal(got[k], p.detach().numpy())
+        assert got[k].dtype == np.float64 and got[k].shape == np.shape(v)
 
 
 def test_the_rule_is_checked_before_the_first_pretraining_round():

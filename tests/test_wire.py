@@ -305,3 +305,48 @@ def test_one_pass_yields_the_dataloaders_batches():
         for (a, b), (c, d) in zip(got, want):
             assert torch.equal(a, c) and torch.equal(b, d)
     assert torch.equal(fast.generator.get_state(), slow.generator.get_state())
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.random.default_rng(0).random((3, 4)).astype(np.float32),  # the fast path
+        np.random.default_rng(1).random((3, 4)),  # float64 into float32: cast
+        np.random.default_rng(2).random((3, 4)).astype(">f4"),  # big-endian
+        np.asfortranarray(np.random.default_rng(3).random((3, 4)).astype(np.float32)),
+    ],
+)
+def test_parameters_load_from_a_messages_read_only_views(values):
+    """split.set_tensors takes a message's bytes as read-only NumPy views (what a client
+    receives) and leaves each parameter equal to ``torch.tensor(values)`` cast to its dtype:
+    one copy into a CPU parameter of the same dtype, a cast otherwise; autograd sees the
+    write (the version counter moves), and the message's bytes are untouched."""
+    from pflower.task.split import set_tensors
+    from pflower.wire import array_view, to_array
+
+    model = torch.nn.Linear(4, 3, bias=False)
+    array = Array.from_numpy_ndarray(values)  # Flower's own bytes, byte order kept
+    before = bytes(array.data)
+    view = array_view(array)
+    assert not view.flags.writeable
+    version = model.weight._version
+    set_tensors(model, {"weight": view})
+    want = torch.tensor(values.astype(values.dtype.newbyteorder("="))).to(torch.float32)
+    assert torch.equal(model.weight.detach(), want)
+    assert model.weight._version > version
+    assert array.data == before
+    with pytest.raises(ValueError, match="shape"):
+        set_tensors(model, {"weight": array_view(to_array(np.zeros((4, 3), np.float32)))})
+
+
+def test_the_settings_fingerprint_is_computed_once_per_settings_and_follows_them():
+    """The handshake's fingerprint (cached per frozen settings object) equals the uncached
+    hash and changes with a shared key, not with a server-only one."""
+    from pflower.wire import _fingerprint, settings_fingerprint
+
+    base = Config.from_run_config({})
+    assert settings_fingerprint(base) == _fingerprint(base) == settings_fingerprint(base)
+    other = Config.from_run_config({"batch-size": 7})
+    assert settings_fingerprint(other) == _fingerprint(other) != settings_fingerprint(base)
+    server_only = Config.from_run_config({"num-server-rounds": 7})
+    assert settings_fingerprint(server_only) == settings_fingerprint(base)

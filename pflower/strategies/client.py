@@ -117,7 +117,8 @@ class ClientJob:
         return self.cfg.effective_personal_lr * float(self.config.get(LR_SCALE, 1.0))
 
     def set_shared(self, arrays: ArrayRecord) -> None:
-        splits.set_tensors(self.model, to_torch(arrays))
+        # read-only views of the message's bytes, copied once, into the parameters
+        splits.set_tensors(self.model, {k: array_view(a) for k, a in arrays.items()})
 
     def receive(self, records: Mapping[str, ArrayRecord], config: Mapping) -> None:
         """Take a message: the server's ``personal-init`` (if any), the shared parameters
@@ -148,7 +149,13 @@ class ClientJob:
         self.init_personal = tensors
 
     def shared_record(self) -> ArrayRecord:
-        return to_record(splits.get_tensors(self.model, self.split.shared))
+        return self.record_of(self.split.shared)
+
+    def record_of(self, names) -> ArrayRecord:
+        """The named parameters' values as a reply record, copied once: straight into the
+        message's bytes (``wire.to_array``), not first into tensors of their own."""
+        params = dict(self.model.named_parameters())
+        return to_record({n: params[n].detach() for n in names})
 
     def personal_params(self) -> list[nn.Parameter]:
         return splits.parameters(self.model, self.split.personal)
@@ -374,7 +381,7 @@ class ClientHalf:
         """A FedAvg pre-training round (phase ``pretrain``): local SGD on the whole model."""
         every = [n for n, _ in job.model.named_parameters()]
         result = job.sgd(splits.parameters(job.model, every), lr=job.lr)
-        return to_record(splits.get_tensors(job.model, every)), train_metrics(job, result)
+        return job.record_of(every), train_metrics(job, result)
 
     def evaluate(self, job: ClientJob, config: Mapping) -> dict[str, float]:
         metrics: dict[str, float] = {"partition-id": job.partition_id, "num-train": job.num_train}

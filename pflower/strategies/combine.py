@@ -39,9 +39,15 @@ def weighted_mean(
     arrays: list[Mapping[str, np.ndarray]], weights: Iterable[float]
 ) -> dict[str, np.ndarray]:
     """Sum_i w_i a_i / Sum_i w_i, name by name, in float64 then cast back by the caller."""
-    w = np.asarray(list(weights), dtype=np.float64)
-    w = w / w.sum()
-    return {k: sum(wi * a[k].astype(np.float64) for wi, a in zip(w, arrays)) for k in arrays[0]}
+    w = _normalized(weights)
+    out = {}
+    for k, first in arrays[0].items():
+        acc, term = np.zeros(first.shape), np.empty(first.shape)
+        for wi, a in zip(w, arrays):
+            np.copyto(term, a[k])  # a_i in float64
+            _accumulate(acc, term, wi)
+        out[k] = acc
+    return out
 
 
 def weighted_mean_of_updates(
@@ -49,15 +55,32 @@ def weighted_mean_of_updates(
     arrays: list[Mapping[str, np.ndarray]],
     weights: Iterable[float],
 ) -> dict[str, np.ndarray]:
-    """``weighted_mean`` of the updates ``current - a_i``, bit for bit, streamed: one layer
-    of one reply in float64 at a time instead of N float64 copies of the model."""
-    w = np.asarray(list(weights), dtype=np.float64)
-    w = w / w.sum()
+    """``weighted_mean`` of the updates ``current - a_i``, streamed: one layer of one reply
+    in float64 at a time instead of N float64 copies of the model."""
+    w = _normalized(weights)
     out = {}
     for k, c in current.items():
         c64 = c.astype(np.float64)
-        out[k] = sum(wi * (c64 - a[k]) for wi, a in zip(w, arrays))
+        acc, term = np.zeros(c.shape), np.empty(c.shape)
+        for wi, a in zip(w, arrays):
+            np.subtract(c64, a[k], out=term)  # c - a_i in float64
+            _accumulate(acc, term, wi)
+        out[k] = acc
     return out
+
+
+def _normalized(weights: Iterable[float]) -> np.ndarray:
+    w = np.asarray(list(weights), dtype=np.float64)
+    return w / w.sum()
+
+
+def _accumulate(acc: np.ndarray, term: np.ndarray, weight: float) -> None:
+    """``acc += weight * term``, in place: the same float64 products and sums, in the same
+    order, as ``sum(w_i * term_i)``, without a fresh array per reply and layer, whose pages
+    the kernel hands out anew each time (~1 ms for a 1.2 MB layer on a virtual machine:
+    issue 29's per-reply server cost)."""
+    np.multiply(term, weight, out=term)
+    np.add(acc, term, out=acc)
 
 
 def robust_combine(

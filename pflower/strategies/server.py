@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from flwr.app import (
-    Array,
     ArrayRecord,
     ConfigRecord,
     Message,
@@ -88,6 +87,7 @@ from pflower.wire import (
     ClientUpdate,
     array_view,
     settings_fingerprint,
+    to_record,
 )
 
 if TYPE_CHECKING:
@@ -726,10 +726,9 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             metrics.update(self.privacy.metrics())
         entry.train = metrics
         # np.asarray, not np.ascontiguousarray: that one turns a 0-dim array into shape (1,),
-        # which the clients then refuse as a layout they do not hold
-        arrays = ArrayRecord(
-            {k: Array(np.asarray(v, dtype=current[k].dtype)) for k, v in new.items()}
-        )
+        # which the clients then refuse as a layout they do not hold; to_array: the .npy
+        # bytes of Array(ndarray), the values copied once
+        arrays = to_record({k: np.asarray(v, dtype=current[k].dtype) for k, v in new.items()})
         return arrays, MetricRecord(metrics)
 
     def aggregate_evaluate(self, server_round, replies) -> MetricRecord | None:

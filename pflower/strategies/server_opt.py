@@ -94,11 +94,15 @@ class ServerOptimizer:
         self, current: Mapping[str, np.ndarray], gradient: Mapping[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
         """One server step from ``current`` along ``-gradient``; returns the new arrays."""
+        if self.name == "sgd" and self.lr == 1.0:  # FedAvg: no state, ``current - gradient``
+            # (torch's step computes the same float64 difference; ~0.1 ms per round saved)
+            return {k: np.subtract(current[k], gradient[k], dtype=np.float64) for k in current}
         self._ensure(current)
         with torch.no_grad():
             for k, p in self._params.items():
-                p.copy_(torch.from_numpy(np.asarray(current[k], dtype=np.float64)))
-                p.grad = torch.from_numpy(np.asarray(gradient[k], dtype=np.float64)).clone()
+                # np.array copies: the arrays may be read-only views of a message's bytes
+                p.copy_(torch.from_numpy(np.array(current[k], dtype=np.float64)))
+                p.grad = torch.from_numpy(np.array(gradient[k], dtype=np.float64))
         self._optimizer.step()
         return {k: p.detach().numpy().copy() for k, p in self._params.items()}
 

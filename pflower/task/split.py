@@ -16,11 +16,14 @@ Or a list of glob patterns over parameter names (``fnmatch``), e.g. ``["fc.*", "
 from __future__ import annotations
 
 import fnmatch
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
+from torch.autograd.graph import increment_version
 
 from pflower.task.models import ConvAdapter, MLPAdapter
 
@@ -124,8 +127,13 @@ def get_tensors(model: nn.Module, names: Iterable[str]) -> dict[str, torch.Tenso
     return {n: params[n].detach().to("cpu", copy=True) for n in names}
 
 
-def set_tensors(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Copy ``tensors`` into the model's parameters of the same names (shapes must match)."""
+def set_tensors(model: nn.Module, tensors: Mapping[str, torch.Tensor | np.ndarray]) -> None:
+    """Copy ``tensors`` into the model's parameters of the same names (shapes must match).
+
+    Values may be tensors or NumPy arrays, read-only views of a message's bytes included
+    (``wire.array_view``): an array of the parameter's dtype goes straight into a CPU
+    parameter, one pass over the values instead of a writable copy and then the copy in
+    (issue 29's per-message cost); anything else is cast as ``Tensor.to`` casts."""
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, value in tensors.items():
@@ -136,7 +144,23 @@ def set_tensors(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
                 raise ValueError(
                     f"parameter {name!r} has shape {tuple(param.shape)}, got {tuple(value.shape)}"
                 )
-            param.copy_(value.to(param.device, param.dtype))
+            if not isinstance(value, np.ndarray):
+                param.copy_(value.to(param.device, param.dtype))
+            elif param.device.type == "cpu" and value.dtype == _numpy_dtype(param.dtype):
+                np.copyto(param.detach().numpy(), value)
+                increment_version(param)  # as param.copy_ would: autograd sees the write
+            else:  # another dtype or byte order, or a device: through a native copy
+                native = value.astype(value.dtype.newbyteorder("="), copy=True)
+                param.copy_(torch.from_numpy(native).to(param.device, param.dtype))
+
+
+@functools.cache
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
+    """The native NumPy dtype of a torch dtype (None for one NumPy lacks, e.g. bfloat16)."""
+    try:
+        return torch.empty((), dtype=dtype).numpy().dtype
+    except TypeError:
+        return None
 
 
 def parameters(model: nn.Module, names: Iterable[str]) -> list[nn.Parameter]:
