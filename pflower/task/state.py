@@ -145,11 +145,12 @@ def load_matching(
     if expected != found:
         log.warning("stored state %r does not match this model/split; re-initialising", key)
         return None
-    floats = [t for t in loaded.values() if t.is_floating_point()]
-    if not all(torch.isfinite(t).all() for t in floats):
+    floats = [t for t in loaded.values() if t.is_floating_point() and t.numel()]
+    extents = [_extent(t) for t in floats]
+    if not all(math.isfinite(e) for e in extents):
         log.warning("stored state %r holds NaN or Inf; re-initialising", key)
         return None
-    largest = magnitude(floats)
+    largest = max(extents, default=0.0)
     reference = max(scale, 1.0, magnitude(template.values()))
     if largest > STATE_BOUND * reference:
         log.warning(
@@ -170,9 +171,21 @@ def magnitude(tensors: Iterable[torch.Tensor]) -> float:
     largest = 0.0
     for t in tensors:
         if t.is_floating_point() and t.numel():
-            value = float(t.detach().abs().max())
+            value = _extent(t)
             if not math.isfinite(value):  # rare: only then the copy without NaN / Inf
                 finite = t.detach()[torch.isfinite(t.detach())]
                 value = float(finite.abs().max()) if finite.numel() else 0.0
             largest = max(largest, value)
     return largest
+
+
+def _extent(t: torch.Tensor) -> float:
+    """``max |t|`` of a non-empty floating-point tensor, ``inf`` if it holds a NaN or an Inf:
+    its largest and smallest values, which propagate NaN, read in place. (``isfinite`` then
+    ``abs().max()`` made two temporaries and cost ~0.25 ms per 0.6 MB layer, on every load of
+    a client's state: issue 29.)"""
+    t = t.detach()
+    high, low = float(t.amax()), float(t.amin())
+    if not (math.isfinite(high) and math.isfinite(low)):
+        return math.inf
+    return max(abs(high), abs(low))
