@@ -24,7 +24,9 @@ Results: one JSON line per algorithm and engine on stdout (``--out`` appends the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import importlib
 import json
 import statistics
 import sys
@@ -275,9 +277,64 @@ def bare_round_cpu(run: dict, nodes: int, rounds: int) -> list[float]:
 
 
 # --- pflower ----------------------------------------------------------------------------------
-def pflower_round_cpu(run: dict, nodes: int, out: str) -> dict:
+#: what pflower spends per message beyond the SGD, by cost centre (``--breakdown``): each a
+#: set of functions timed inclusively (none nested in another of the table)
+COST_CENTRES = {
+    "set-up": [("pflower.client_app", "make_job"), ("pflower.client_app", "scope_job")],
+    "receive": [("pflower.strategies.client", "ClientJob.receive")],
+    "reply record": [("pflower.strategies.client", "ClientJob.shared_record")],
+    "state": [
+        ("pflower.strategies.client", "ClientJob.load"),
+        ("pflower.context_store", "ScopedStore.save"),
+    ],
+    "metrics": [
+        ("pflower.client_app", "measured"),
+        *[(f"pflower.strategies.{m}", "train_metrics") for m in ("fedavg", "fedalt", "apfl")],
+    ],
+    "reply checks": [
+        ("pflower.strategies.checks", "ReplyChecks.check_train_replies"),
+        ("pflower.strategies.checks", "ReplyChecks.bound_updates"),
+    ],
+    "aggregation": [
+        ("pflower.strategies.server", "PersonalizedStrategy.combine"),
+        ("pflower.strategies.server_opt", "ServerOptimizer.step"),
+    ],
+}
+
+
+@contextlib.contextmanager
+def timed_centres(spent: dict[str, float]):
+    """Add each cost centre's CPU seconds to ``spent`` while inside (functions patched)."""
+    restore = []
+    for centre, places in COST_CENTRES.items():
+        spent[centre] = 0.0
+        for module, qualname in places:
+            owner = importlib.import_module(module)
+            *path, name = qualname.split(".")
+            for part in path:
+                owner = getattr(owner, part)
+            fn = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+
+            def timed(*args, _fn=fn, _centre=centre, **kwargs):
+                start = time.process_time()
+                try:
+                    return _fn(*args, **kwargs)
+                finally:
+                    spent[_centre] += time.process_time() - start
+
+            setattr(owner, name, timed)
+            restore.append((owner, name, fn))
+    try:
+        yield
+    finally:
+        for owner, name, fn in reversed(restore):
+            setattr(owner, name, fn)
+
+
+def pflower_round_cpu(run: dict, nodes: int, out: str, breakdown: bool = False) -> dict:
     """CPU seconds per training round on LocalGrid (``configure_train`` to the next phase),
-    and the share of them spent in the ClientApp outside ``ClientHalf.train``."""
+    and the share of them spent in the ClientApp outside ``ClientHalf.train``; with
+    ``breakdown``, each of ``COST_CENTRES`` per round too."""
     from pflower.client_app import build_client_app
     from pflower.config import Config
     from pflower.experiments.local_grid import run_local
@@ -305,14 +362,15 @@ def pflower_round_cpu(run: dict, nodes: int, out: str) -> dict:
         finally:
             in_app[0] += time.process_time() - start
 
-    marks: list[tuple[str, float, float, float]] = []
+    marks: list[tuple[str, float, float, float, dict]] = []
+    spent: dict[str, float] = {}
     originals = {
         n: getattr(PersonalizedStrategy, n) for n in ("configure_train", "configure_evaluate")
     }
 
     def marking(name):
         def wrapped(self, *args, **kwargs):
-            marks.append((name, time.process_time(), in_train[0], in_app[0]))
+            marks.append((name, time.process_time(), in_train[0], in_app[0], dict(spent)))
             return originals[name](self, *args, **kwargs)
 
         return wrapped
@@ -321,19 +379,22 @@ def pflower_round_cpu(run: dict, nodes: int, out: str) -> dict:
     for name in originals:
         setattr(PersonalizedStrategy, name, marking(name))
     try:
-        run_local(run, nodes, client_app=client)
+        with timed_centres(spent) if breakdown else contextlib.nullcontext():
+            run_local(run, nodes, client_app=client)
     finally:
         half.train = train_fn
         for name, fn in originals.items():
             setattr(PersonalizedStrategy, name, fn)
-    rows = []
-    for (phase, cpu, tr, ap), (_, cpu2, tr2, ap2) in zip(marks, marks[1:]):
+    rows, centres = [], []
+    for (phase, cpu, tr, ap, c), (_, cpu2, tr2, ap2, c2) in zip(marks, marks[1:]):
         if phase == "configure_train":
             rows.append((cpu2 - cpu, tr2 - tr, (ap2 - ap) - (tr2 - tr)))
+            centres.append({k: c2[k] - c[k] for k in c})
     return {
         "round": [r[0] for r in rows],
         "train": [r[1] for r in rows],
         "client_outside_train": [r[2] for r in rows],
+        "centres": centres,
     }
 
 
@@ -349,6 +410,11 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     p.add_argument("--tmp", default="/tmp/pflower-floor")
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time pflower's cost centres per message (COST_CENTRES; the last repeat)",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     import logging
@@ -359,7 +425,7 @@ def main(argv=None) -> int:
         bare, ours, train, outside = [], [], [], []
         for _ in range(args.repeats):  # alternately: the box's load hits both sides alike
             bare.append(median_after_first(bare_round_cpu(run, nodes, args.rounds)))
-            r = pflower_round_cpu(run, nodes, args.tmp)
+            r = pflower_round_cpu(run, nodes, args.tmp, args.breakdown)
             ours.append(median_after_first(r["round"]))
             train.append(median_after_first(r["train"]))
             outside.append(median_after_first(r["client_outside_train"]))
@@ -378,6 +444,12 @@ def main(argv=None) -> int:
             "pflower_server_s": round(o - min(train) - min(outside), 4),
             "runs": {"bare": [round(x, 4) for x in bare], "pflower": [round(x, 4) for x in ours]},
         }
+        if args.breakdown:  # microseconds per training message, median over rounds 2..
+            per = row["clients-per-round"]
+            row["per_message_us"] = {
+                k: round(1e6 * median_after_first([c[k] for c in r["centres"]]) / per, 1)
+                for k in COST_CENTRES
+            }
         line = json.dumps(row)
         print(line, flush=True)
         if args.out:

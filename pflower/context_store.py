@@ -41,15 +41,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import RecordDict
 
 from pflower.task.state import DirectoryStore, Store, UnreadableState, check_key
-from pflower.wire import PERSONAL_RESET, RUN_TAG, SERVER_ROUND, to_record, to_torch
+from pflower.wire import PERSONAL_RESET, RUN_TAG, SERVER_ROUND, array_view, to_record, to_torch
 
 if TYPE_CHECKING:
     from pflower.strategies.client import ClientJob
@@ -79,14 +79,27 @@ class ContextStore:
         self.state[f"pflower.{check_key(key)}"] = to_record(state_dict)
 
     def copy(self, source: str, target: str) -> bool:
-        """Store entry ``source`` again as ``target``, as it is: its arrays' bytes shared
-        (immutable), not decoded and encoded again. False if there is no ``source``."""
+        """Store entry ``source`` again as ``target``, as it is: the same record, whose
+        arrays are immutable bytes (every save stores a new record), not decoded and encoded
+        again. False if there is no ``source``."""
         record = self.state.get(f"pflower.{check_key(source)}")
         if record is None:
             return False
-        # new Array objects over the same bytes (ArrayRecord(dict) rebuilds each Array)
-        self.state[f"pflower.{check_key(target)}"] = ArrayRecord(dict(record.items()))
+        self.state[f"pflower.{check_key(target)}"] = record
         return True
+
+    def entry(self, key: str) -> tuple[dict | None, Callable[[], dict]] | None:
+        """Entry ``key`` as (its meta, read alone; a function that decodes its tensors), or
+        None: a scoped load decodes only the version it chooses (issue 29)."""
+        record = self.state.get(f"pflower.{check_key(key)}")
+        if record is None:
+            return None
+        meta = _parse_meta(array_view(record[META]).tobytes()) if META in record else None
+
+        def tensors() -> dict[str, torch.Tensor]:
+            return {n: t for n, t in to_torch(record).items() if n != META}
+
+        return meta, tensors
 
 
 def open_store(state: RecordDict, node_config: Mapping[str, object]) -> Store:
@@ -138,11 +151,18 @@ class Scope:
 @dataclass
 class StoredEntry:
     """One stored version of a key: its tensors and what wrote it (``meta``: the scope, the
-    run tag and the round)."""
+    run tag and the round). ``read`` (optional) decodes the tensors on first use."""
 
     slot: str  # the raw store's key
-    tensors: dict[str, torch.Tensor]
+    _tensors: dict[str, torch.Tensor] | None
     meta: dict | None  # None: written without a scope (an older pflower, a hand-made file)
+    read: Callable[[], dict[str, torch.Tensor]] | None = field(default=None, repr=False)
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        if self._tensors is None:
+            self._tensors = self.read() if self.read is not None else {}
+        return self._tensors
 
     @property
     def run(self) -> str:
@@ -179,6 +199,11 @@ def stored_entries(
     # DirectoryStore.read raises on an unreadable file where its load logs a fresh start
     read = raw.read if isinstance(raw, DirectoryStore) else raw.load
     for slot in (check_key(key), key + PREVIOUS):
+        if isinstance(raw, ContextStore):  # the meta alone; tensors decoded if chosen
+            found = raw.entry(slot)
+            if found is not None:
+                entries.append(StoredEntry(slot, None, found[0], read=found[1]))
+            continue
         try:
             tensors = read(slot)
         except UnreadableState as err:
@@ -190,12 +215,18 @@ def stored_entries(
         meta_tensor = tensors.pop(META, None)
         meta = None
         if meta_tensor is not None:
-            try:
-                meta = json.loads(bytes(meta_tensor.to(torch.uint8).tolist()).decode())
-            except (ValueError, UnicodeDecodeError):
-                meta = None
-        entries.append(StoredEntry(slot, tensors, meta if isinstance(meta, dict) else None))
+            meta = _parse_meta(meta_tensor.to(torch.uint8).numpy().tobytes())
+        entries.append(StoredEntry(slot, tensors, meta))
     return entries
+
+
+def _parse_meta(raw: bytes) -> dict | None:
+    """A stored entry's meta (UTF-8 JSON of a dict), or None if it is not one."""
+    try:
+        meta = json.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 class ScopedStore:
@@ -340,7 +371,7 @@ class ScopedStore:
 
 
 def _meta_tensor(meta: Mapping) -> torch.Tensor:
-    return torch.tensor(list(json.dumps(meta).encode()), dtype=torch.uint8)
+    return torch.frombuffer(bytearray(json.dumps(meta).encode()), dtype=torch.uint8)
 
 
 def scope_job(job: ClientJob, config: Mapping, training: bool) -> None:
