@@ -15,7 +15,7 @@ from helpers import BASE, job_for, node_context
 
 from pflower.client_app import build_client_app
 from pflower.config import Config, ConfigError
-from pflower.context_store import ContextStore, Scope, ScopedStore, open_store
+from pflower.context_store import ContextStore, Scope, ScopedStore, open_store, stored_entries
 from pflower.experiments.local_grid import run_local
 from pflower.task.split import get_tensors
 from pflower.task.state import DirectoryStore
@@ -148,3 +148,49 @@ def test_every_algorithm_that_keeps_state_reports_personal_restored(algorithm):
     report = run_local(overrides, 3)
     trained = [r.train for r in report.rounds if r.train]
     assert [t["personal-restored"] for t in trained] == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("backend", ["directory", "context"])
+def test_rounds_version_alike_in_both_stores_and_with_a_load_before_each_save(backend, tmp_path):
+    """The round versioning of the first test in either store, and a message that loads its
+    state before saving (what a client half does: the save then trusts what the load read,
+    ContextStore moves the newest record to ``.prev`` as it is) ends with the same entries
+    as one that only saves."""
+
+    def raw_store(name):
+        if backend == "directory":
+            return DirectoryStore(tmp_path / name)
+        return ContextStore(RecordDict())
+
+    plain, loading = raw_store("plain"), raw_store("loading")
+    steps = [("r1", 1, 1.0), ("r1", 2, 2.0), ("r1", 2, 2.5), ("r1", 3, 3.0), ("r2", 1, 4.0)]
+    for run, server_round, value in steps:
+        _store(plain, run=run, server_round=server_round).save("personal", {"w": W["w"] + value})
+        message = _store(loading, run=run, server_round=server_round)
+        message.load("personal")
+        message.save("personal", {"w": W["w"] + value})
+        message.save("personal", {"w": W["w"] + value})  # twice: the second replaces
+    for raw in (plain, loading):
+        entries = stored_entries(raw, "personal")
+        assert [(e.slot, e.run, e.round, float(e.tensors["w"][0])) for e in entries] == [
+            ("personal", "r2", 1, 4.0),
+            ("personal.prev", "r1", 3, 3.0),
+        ]
+    # a repeat of run r2's round 1 starts from what run r1 left (the previous version)
+    assert _store(loading, run="r2", server_round=1).load("personal")["w"][0] == 3.0
+
+
+def test_a_scoped_load_from_context_state_decodes_only_the_version_it_returns(monkeypatch):
+    """context.state keeps two versions of a key; a load reads both metas but decodes the
+    tensors of the one it returns only (issue 29: a whole-model state is 0.8 MB a version)."""
+    import pflower.context_store as context_store
+
+    raw = ContextStore(RecordDict())
+    _store(raw, server_round=1).save("personal", {"w": torch.full((3,), 1.0)})
+    _store(raw, server_round=2).save("personal", {"w": torch.full((3,), 2.0)})
+    decoded = []
+    real = context_store.to_torch
+    monkeypatch.setattr(context_store, "to_torch", lambda r: decoded.append(r) or real(r))
+    assert _store(raw, server_round=3).load("personal")["w"][0] == 2.0
+    assert _store(raw, server_round=2).load("personal")["w"][0] == 1.0  # the .prev version
+    assert len(decoded) == 2
