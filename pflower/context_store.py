@@ -271,6 +271,7 @@ class ScopedStore:
         # per key, what the newest entry's meta is, as this message last read or wrote it
         # (None: no newest entry): a save after a load does not read the entries again
         self._newest: dict[str, dict | None] = {}
+        self._scope = asdict(scope)  # compared with every entry read, written with every save
 
     def _entries(self, key: str, unreadable: dict[str, str] | None = None) -> list[StoredEntry]:
         entries = stored_entries(self.raw, key, unreadable)
@@ -280,7 +281,7 @@ class ScopedStore:
         return entries
 
     def _mine(self, entry: StoredEntry) -> bool:
-        return entry.meta is not None and entry.meta.get("scope") == asdict(self.scope)
+        return entry.meta is not None and entry.meta.get("scope") == self._scope
 
     def _usable(self, entry: StoredEntry) -> bool:
         """Whether this message may start from ``entry`` (same scope assumed)."""
@@ -342,7 +343,7 @@ class ScopedStore:
             newest = None if known is None else StoredEntry(key, {}, known)
         else:
             newest = next((e for e in self._entries(key) if e.slot == key), None)
-        meta = {"scope": asdict(self.scope), "run": self.run, "round": self.server_round}
+        meta = {"scope": self._scope, "run": self.run, "round": self.server_round}
         # keep the newest entry as the previous one, unless it is this run's from this round
         # or a later one (written in a round the server never committed): that one is
         # replaced, so the state before the round stays available
