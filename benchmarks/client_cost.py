@@ -192,6 +192,32 @@ class TimedClientApp:
 
 def measure_simulation(preset: str, clients: int, out: str) -> dict:
     """The non-training share of a round under ``run_simulation`` (see the module's doc)."""
+    started = time.monotonic()
+    sim = simulate({**PRESETS[preset], "outputs-dir": out}, clients)
+    rounds, trained, kinds = sim["round_cpu_s"], sim["round_train_cpu_s"], sim["kinds"]
+    shares = [1 - sum(t) / total for t, total in zip(trained, rounds)]
+    every = [t for round_ in trained for t in round_]
+    return {
+        "preset": preset,
+        "clients": clients,
+        "engine": "simulation",
+        "messages": len(every),
+        "train_ms": round(1000 * statistics.median(every), 2),
+        "round_cpu_s": [round(c, 2) for c in rounds],
+        "round_train_cpu_s": [round(sum(t), 2) for t in trained],
+        "non_training_share": round(statistics.median(shares[1:] or shares), 3),
+        "non_training_cpu_s_per_round": {
+            k: round(statistics.median(v[1:] or v), 3) for k, v in kinds.items()
+        },
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+
+
+def simulate(run: dict, clients: int) -> dict:
+    """``run`` through ``run_simulation`` on ``clients`` SuperNodes (one CPU, one torch
+    thread per Ray worker): per training round, the process tree's CPU seconds
+    (``round_cpu_s``), each reply's CPU in ``ClientHalf.train`` (``round_train_cpu_s``) and
+    the tree's CPU by kind of process (``kinds``: server, workers outside training, Ray)."""
     from flwr.clientapp import ClientApp
     from flwr.simulation import run_simulation
     from scale import TreeMonitor
@@ -199,7 +225,6 @@ def measure_simulation(preset: str, clients: int, out: str) -> dict:
     from pflower.server_app import build_server_app
     from pflower.strategies.server import PersonalizedStrategy
 
-    run = {**PRESETS[preset], "outputs-dir": out}
     timed = TimedClientApp(run)
     app = ClientApp()
     for kind in ("train", "evaluate", "query"):
@@ -237,7 +262,6 @@ def measure_simulation(preset: str, clients: int, out: str) -> dict:
     PersonalizedStrategy.configure_train = marking("configure_train")
     PersonalizedStrategy.configure_evaluate = marking("configure_evaluate")
     PersonalizedStrategy.aggregate_train = collecting
-    started = time.monotonic()
     try:
         run_simulation(
             server_app=build_server_app(run),
@@ -254,8 +278,6 @@ def measure_simulation(preset: str, clients: int, out: str) -> dict:
         for (phase, cpu), (_, cpu_next) in zip(marks, marks[1:])
         if phase == "configure_train"
     ]
-    shares = [1 - sum(t) / total for t, total in zip(trained, rounds)]
-    every = [t for round_ in trained for t in round_]
     # where the rest went, per round: this process (the ServerApp and Flower's dispatcher),
     # the Ray workers outside ClientHalf.train (the ClientApp's set-up, Flower's worker
     # side, (de)serialising messages) and Ray's own processes (GCS, raylet, monitors)
@@ -272,20 +294,7 @@ def measure_simulation(preset: str, clients: int, out: str) -> dict:
         spent["workers-outside-training"] -= sum(train)
         for k, v in spent.items():
             kinds[k].append(v)
-    return {
-        "preset": preset,
-        "clients": clients,
-        "engine": "simulation",
-        "messages": len(every),
-        "train_ms": round(1000 * statistics.median(every), 2),
-        "round_cpu_s": [round(c, 2) for c in rounds],
-        "round_train_cpu_s": [round(sum(t), 2) for t in trained],
-        "non_training_share": round(statistics.median(shares[1:] or shares), 3),
-        "non_training_cpu_s_per_round": {
-            k: round(statistics.median(v[1:] or v), 3) for k, v in kinds.items()
-        },
-        "wall_s": round(time.monotonic() - started, 1),
-    }
+    return {"round_cpu_s": rounds, "round_train_cpu_s": trained, "kinds": kinds}
 
 
 _KINDS: dict[int, str] = {}

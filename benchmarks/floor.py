@@ -13,6 +13,7 @@ message in this process) and, with ``--engine simulation``, through Flower's
     python benchmarks/floor.py                      # mnist-5c, every algorithm, LocalGrid
     python benchmarks/floor.py --preset default     # the app's default run (2 classes)
     python benchmarks/floor.py --engine simulation --algorithms fedavg
+    python benchmarks/floor.py --breakdown          # + pflower's cost centres per message
 
 Per algorithm: ``bare_s`` and ``pflower_s``, the median CPU seconds of a training round
 (rounds 2.. : round 1 loads the data), their ratio (target <= 1.15 on LocalGrid), and
@@ -40,6 +41,7 @@ from torch.func import functional_call
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(ROOT / "benchmarks"))  # client_cost, scale (--engine simulation)
 
 #: the budget-equal comparison's setting (benchmarks/experiments/mnist-5c.toml)
 MNIST_5C = {
@@ -398,6 +400,23 @@ def pflower_round_cpu(run: dict, nodes: int, out: str, breakdown: bool = False) 
     }
 
 
+def pflower_round_cpu_simulation(run: dict, nodes: int, out: str) -> dict:
+    """CPU seconds per training round through Flower's ``run_simulation`` (``nodes``
+    SuperNodes, Ray workers of one CPU and one torch thread): the whole process tree's
+    (this process, Ray's daemons and workers; ``client_cost.simulate``), and the part the
+    workers spent in ``ClientHalf.train``."""
+    from client_cost import simulate
+
+    sim = simulate({**run, "outputs-dir": out}, nodes)
+    return {
+        "round": sim["round_cpu_s"],
+        "train": [sum(t) for t in sim["round_train_cpu_s"]],
+        "server": sim["kinds"]["server"],
+        "workers_outside_train": sim["kinds"]["workers-outside-training"],
+        "ray": sim["kinds"]["ray"],
+    }
+
+
 def median_after_first(values: list[float]) -> float:
     return statistics.median(values[1:] or values)
 
@@ -411,6 +430,12 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     p.add_argument("--tmp", default="/tmp/pflower-floor")
     p.add_argument(
+        "--engine",
+        choices=["local-grid", "simulation"],
+        default="local-grid",
+        help="pflower on LocalGrid (one process) or through run_simulation (the process tree)",
+    )
+    p.add_argument(
         "--breakdown",
         action="store_true",
         help="also time pflower's cost centres per message (COST_CENTRES; the last repeat)",
@@ -420,6 +445,8 @@ def main(argv=None) -> int:
     import logging
 
     logging.disable(logging.WARNING)
+    if args.engine == "simulation":
+        return simulation_rows(args)
     for algorithm in args.algorithms:
         run, nodes = settings(args.preset, algorithm, args.rounds)
         bare, ours, train, outside = [], [], [], []
@@ -450,6 +477,38 @@ def main(argv=None) -> int:
                 k: round(1e6 * median_after_first([c[k] for c in r["centres"]]) / per, 1)
                 for k in COST_CENTRES
             }
+        line = json.dumps(row)
+        print(line, flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(line + "\n")
+    return 0
+
+
+def simulation_rows(args) -> int:
+    """``--engine simulation``: the bare loop beside pflower under ``run_simulation``."""
+    for algorithm in args.algorithms:
+        run, nodes = settings(args.preset, algorithm, args.rounds)
+        bare, ours, parts = [], [], []
+        for _ in range(args.repeats):
+            bare.append(median_after_first(bare_round_cpu(run, nodes, args.rounds)))
+            r = pflower_round_cpu_simulation(run, nodes, args.tmp)
+            ours.append(median_after_first(r["round"]))
+            parts.append({k: median_after_first(v) for k, v in r.items() if k != "round"})
+        b, o = min(bare), min(ours)
+        best = parts[ours.index(o)]
+        row = {
+            "preset": args.preset,
+            "algorithm": algorithm,
+            "engine": "simulation",
+            "nodes": nodes,
+            "clients-per-round": max(1, round(run.get("fraction-train", 0.5) * nodes)),
+            "bare_s": round(b, 4),
+            "pflower_s": round(o, 4),
+            "ratio": round(o / b, 3),
+            **{f"pflower_{k}_s": round(v, 4) for k, v in best.items()},
+            "runs": {"bare": [round(x, 4) for x in bare], "pflower": [round(x, 4) for x in ours]},
+        }
         line = json.dumps(row)
         print(line, flush=True)
         if args.out:
