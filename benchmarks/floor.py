@@ -342,9 +342,15 @@ def pflower_round_cpu(run: dict, nodes: int, out: str, breakdown: bool = False) 
     from pflower.experiments.local_grid import run_local
     from pflower.strategies import get_algorithm
     from pflower.strategies.server import PersonalizedStrategy
+    from pflower.task.data.loaders import client_arrays
 
     run = {**run, "outputs-dir": out}
-    half = type(get_algorithm(Config.from_run_config(run).algorithm).client)
+    cfg = Config.from_run_config(run)
+    # every client's data loaded before timing, as the bare loop's is: a round measures the
+    # steady state, not the first visits (the ClientApp's cache key is this same Config)
+    for i in range(nodes):
+        client_arrays(cfg, i, nodes, None)
+    half = type(get_algorithm(cfg.algorithm).client)
     train_fn = half.train
     in_train, in_app = [0.0], [0.0]
 
