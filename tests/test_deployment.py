@@ -158,7 +158,8 @@ def test_a_tls_federation_keeps_personal_layers_refuses_outsiders_and_survives_k
         (crashed,) = list(outputs.iterdir())
         assert (crashed / "checkpoints" / "round-3.pt").exists()
         fed.start_superlink()  # the same --database; the SuperNodes reconnect by themselves
-        _wait_nodes(fed, 2)
+        # with Flower's reconnect backoff: one node took over 60 s on a loaded 2-core box
+        _wait_nodes(fed, 2, timeout=180)
         done = fed.run({**run_config, "resume-from": str(crashed)}, REPO)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "resuming at round 4" in done.stdout + done.stderr
