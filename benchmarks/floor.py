@@ -462,33 +462,46 @@ def main(argv=None) -> int:
             ours.append(median_after_first(r["round"]))
             train.append(median_after_first(r["train"]))
             outside.append(median_after_first(r["client_outside_train"]))
-        b, o = min(bare), min(ours)
-        row = {
-            "preset": args.preset,
-            "algorithm": algorithm,
-            "engine": "local-grid",
-            "nodes": nodes,
-            "clients-per-round": max(1, round(run.get("fraction-train", 0.5) * nodes)),
-            "bare_s": round(b, 4),
-            "pflower_s": round(o, 4),
-            "ratio": round(o / b, 3),
-            "pflower_train_s": round(min(train), 4),
-            "pflower_client_outside_train_s": round(min(outside), 4),
-            "pflower_server_s": round(o - min(train) - min(outside), 4),
-            "runs": {"bare": [round(x, 4) for x in bare], "pflower": [round(x, 4) for x in ours]},
-        }
+        o = min(ours)
+        row = comparison(args, algorithm, "local-grid", run, nodes, bare, ours)
+        row.update(
+            pflower_train_s=round(min(train), 4),
+            pflower_client_outside_train_s=round(min(outside), 4),
+            pflower_server_s=round(o - min(train) - min(outside), 4),
+        )
         if args.breakdown:  # microseconds per training message, median over rounds 2..
             per = row["clients-per-round"]
             row["per_message_us"] = {
                 k: round(1e6 * median_after_first([c[k] for c in r["centres"]]) / per, 1)
                 for k in COST_CENTRES
             }
-        line = json.dumps(row)
-        print(line, flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(line + "\n")
+        emit(row, args.out)
     return 0
+
+
+def comparison(args, algorithm, engine, run, nodes, bare, ours) -> dict:
+    """A result row's common part: the better of the repeats on each side, their ratio."""
+    b, o = min(bare), min(ours)
+    return {
+        "preset": args.preset,
+        "algorithm": algorithm,
+        "engine": engine,
+        "nodes": nodes,
+        "clients-per-round": max(1, round(run.get("fraction-train", 0.5) * nodes)),
+        "bare_s": round(b, 4),
+        "pflower_s": round(o, 4),
+        "ratio": round(o / b, 3),
+        "runs": {"bare": [round(x, 4) for x in bare], "pflower": [round(x, 4) for x in ours]},
+    }
+
+
+def emit(row: dict, out: str | None) -> None:
+    """Print ``row`` as a JSON line (and append it to ``out``)."""
+    line = json.dumps(row)
+    print(line, flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
 
 
 def simulation_rows(args) -> int:
@@ -501,25 +514,10 @@ def simulation_rows(args) -> int:
             r = pflower_round_cpu_simulation(run, nodes, args.tmp)
             ours.append(median_after_first(r["round"]))
             parts.append({k: median_after_first(v) for k, v in r.items() if k != "round"})
-        b, o = min(bare), min(ours)
-        best = parts[ours.index(o)]
-        row = {
-            "preset": args.preset,
-            "algorithm": algorithm,
-            "engine": "simulation",
-            "nodes": nodes,
-            "clients-per-round": max(1, round(run.get("fraction-train", 0.5) * nodes)),
-            "bare_s": round(b, 4),
-            "pflower_s": round(o, 4),
-            "ratio": round(o / b, 3),
-            **{f"pflower_{k}_s": round(v, 4) for k, v in best.items()},
-            "runs": {"bare": [round(x, 4) for x in bare], "pflower": [round(x, 4) for x in ours]},
-        }
-        line = json.dumps(row)
-        print(line, flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(line + "\n")
+        best = parts[ours.index(min(ours))]
+        row = comparison(args, algorithm, "simulation", run, nodes, bare, ours)
+        row.update({f"pflower_{k}_s": round(v, 4) for k, v in best.items()})
+        emit(row, args.out)
     return 0
 
 
