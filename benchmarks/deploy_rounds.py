@@ -4,20 +4,25 @@ rounds, each round's wall seconds from the run's results.json, against the clien
 
     python benchmarks/deploy_rounds.py                  # Flower's default: a process per message
     python benchmarks/deploy_rounds.py --warm           # pflower.deploy.warm_exec beside each node
+    python benchmarks/deploy_rounds.py --warm --poll-interval 0.2   # and a 0.2 s SuperNode poll
+    python benchmarks/deploy_rounds.py --warm --run-config pull-interval=3  # the server: 3 s pulls
     python benchmarks/deploy_rounds.py --supernodes 20 --fraction-train 0.5 --join-leave
 
 Per round: the wall seconds the ServerApp measured from sending the training messages to
 aggregating the replies (results.json's rounds: their ``seconds``), and the median
 over rounds 2.. (round 1 loads the data). The overhead is that minus the slowest client's
 training time (``train-seconds`` the replies carry is not sent; the same run on LocalGrid,
-which has no transport, gives the work: ``local_round_s``). Prints one JSON object; every
-process it started is stopped by its process id at the end (``Federation.stop_all``).
+which has no transport, gives the work: ``local_round_s``). Before the run, the CPU the idle
+SuperNodes (and their SuperExecs) use, per node and minute, over ``--idle-seconds``: what a
+shorter ``--poll-interval`` costs. Prints one JSON object; every process it started is stopped
+by its process id at the end (``Federation.stop_all``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import socket
 import statistics
@@ -64,6 +69,21 @@ def _rss_mib(pids: list[int]) -> float:
     return total / 1024
 
 
+def _cpu_s(pids: list[int]) -> float:
+    """CPU seconds of these processes and all below them, those that ended included (from
+    /proc: each process's user + system time and its waited-for children's)."""
+    from pflower.deploy.processes import descendants
+
+    ticks = 0
+    for pid in {p for root in pids for p in (root, *descendants(root))}:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+        except (OSError, IndexError, ValueError):
+            pass
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _wait_for(path: Path, pattern: str, proc, timeout: float = 900) -> None:
     """Until ``pattern`` (a regex) matches the log ``path`` while ``flwr run`` (``proc``)
     runs."""
@@ -86,6 +106,20 @@ def main(argv=None) -> dict:
     p.add_argument("--supernodes", type=int, default=2)
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--warm", action="store_true")
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=None,
+        help="the SuperNodes' poll (pflower.deploy.supernode); default: Flower's 3 s",
+    )
+    p.add_argument("--idle-seconds", type=float, default=20.0)
+    p.add_argument(
+        "--run-config",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="run-config keys on top of the benchmark's (numbers as numbers)",
+    )
     p.add_argument("--fraction-train", type=float, default=1.0)
     p.add_argument("--workdir", default=None)
     p.add_argument(
@@ -107,7 +141,13 @@ def main(argv=None) -> dict:
         "fraction-train": args.fraction_train,
         "outputs-dir": str(outputs),
     }
-    fed = Federation(work / "fed", supernodes=args.supernodes, port=_free_port(), warm=args.warm)
+    for item in args.run_config:
+        key, _, value = item.partition("=")
+        run[key] = json.loads(value) if re.fullmatch(r"-?[\d.e+-]+", value) else value
+    fed = Federation(
+        work / "fed", supernodes=args.supernodes, port=_free_port(), warm=args.warm,
+        poll_interval=args.poll_interval,
+    )  # fmt: skip
     started = time.monotonic()
     try:
         fed.up()
@@ -118,11 +158,17 @@ def main(argv=None) -> dict:
             if k.startswith(("supernode", "warm-exec"))
         ]
         idle_mib = _rss_mib(supernodes)
+        cpu0 = _cpu_s(supernodes)
+        time.sleep(args.idle_seconds)
+        idle_cpu = _cpu_s(supernodes) - cpu0
         late = args.supernodes - 1
         events = []
         if args.join_leave:  # the last node is not there when the run starts
             fed.stop(f"supernode-{late}")
-        t0 = time.monotonic()
+        labels = {k: int(e["pid"]) for k, e in fed.entries.items()}
+        everything = list(labels.values())
+        by_label0 = {k: _cpu_s([pid]) for k, pid in labels.items()}
+        t0, cpu_run0 = time.monotonic(), _cpu_s(everything)
         if not args.join_leave:
             done = fed.run(run, ROOT, timeout=1800)
             failed = done.returncode != 0 and done.stdout[-3000:] + done.stderr[-3000:]
@@ -134,7 +180,8 @@ def main(argv=None) -> dict:
             fed.stop("supernode-0")
             events.append(f"supernode-0 left after round 2 ({time.monotonic() - t0:.0f} s)")
             failed = proc.wait(1800) != 0 and (fed.logs / "run.log").read_text()[-3000:]
-        run_s = time.monotonic() - t0
+        run_s, run_cpu = time.monotonic() - t0, _cpu_s(everything) - cpu_run0
+        by_label = {k: round(_cpu_s([pid]) - by_label0[k], 1) for k, pid in labels.items()}
         busy_mib = _rss_mib(
             [int(e["pid"]) for k, e in fed.entries.items() if k.startswith("supernode")]
         )
@@ -151,6 +198,8 @@ def main(argv=None) -> dict:
     result = {
         "supernodes": args.supernodes,
         "warm": args.warm,
+        "poll_interval": args.poll_interval,
+        "run_config": args.run_config,
         "rounds": args.rounds,
         "round_s": [round(s, 2) for s in rounds],
         "replies_per_round": replies,
@@ -158,10 +207,17 @@ def main(argv=None) -> dict:
         "median_round_s": round(statistics.median(rounds[1:] or rounds), 2),
         "local_grid_median_round_s": round(statistics.median(local_rounds[1:] or local_rounds), 3),
         "run_wall_s": round(run_s, 1),
+        # the federation's processes (SuperLink with the ServerApp, gateway, SuperNodes, their
+        # SuperExecs and ClientApps), not the flwr CLI's
+        "run_cpu_s": round(run_cpu, 1),
+        "run_cpu_s_by_process": by_label,
         "up_s": round(up_s, 1),
         "supernode_rss_mib_idle": round(idle_mib, 1),
         "supernode_rss_mib_after_run": round(busy_mib, 1),
         "per_supernode_rss_mib_idle": round(idle_mib / args.supernodes, 1),
+        "idle_cpu_s_per_supernode_minute": round(
+            idle_cpu / args.supernodes * 60 / max(args.idle_seconds, 1e-9), 3
+        ),
     }
     result["overhead_s"] = round(result["median_round_s"] - result["local_grid_median_round_s"], 2)
     print(json.dumps(result, indent=1))

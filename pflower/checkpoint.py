@@ -82,6 +82,7 @@ OPERATIONAL_KEYS = frozenset(
         "checkpoint-keep",
         "round-timeout",
         "max-in-flight",
+        "pull-interval",
         "device",
         "console",
         "tracking",

@@ -386,6 +386,17 @@ class RunSettings(Settings):
             "deployment"
         ),
     )
+    pull_interval: float = Field(
+        0.05,
+        alias="pull-interval",
+        ge=0.01,
+        le=60,
+        description=(
+            "seconds between the server's pulls for replies while it waits (on Flower's "
+            "simulation engine and in deployment; Flower 1.41's own deployment grid waits 3 s "
+            "between pulls, which a round then waits on average half of)"
+        ),
+    )
     round_timeout: float = Field(
         0.0,
         alias="round-timeout",

@@ -62,6 +62,7 @@ SERVER_ONLY_KEYS = frozenset(
         "evaluate-every",
         "final-evaluate-fraction",
         "max-in-flight",
+        "pull-interval",
         "round-timeout",
         "holdout-fraction",
         "lr",

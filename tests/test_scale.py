@@ -188,3 +188,50 @@ def test_a_reply_array_is_read_in_place(value):
     copy = array.numpy()
     assert view.dtype == copy.dtype and view.shape == copy.shape and np.array_equal(view, copy)
     assert not view.flags.owndata and not view.flags.writeable  # the reply's bytes, not a copy
+
+
+def test_a_window_without_a_limit_pushes_everything_at_once_and_pulls_every_reply():
+    app = build_client_app({"dataset": "digits", "partitioner": "iid"})
+    grid = Counting(app, 10, workers=2)
+    replies = list(Window(grid, None, pull_interval=0.001).send_and_receive(queries(grid)))
+    assert sorted(r.metadata.src_node_id for r in replies) == sorted(grid.get_node_ids())
+    assert grid.most == 10
+    with pytest.raises(ValueError, match="must be >= 1"):
+        Window(grid, 0)
+    with pytest.raises(ValueError, match="must be > 0 seconds"):
+        Window(grid, None, pull_interval=0.0)
+
+
+class HttpGrid(Counting):
+    """Stands for Flower's deployment grid (by its name, as ``polls_slowly`` tells it),
+    whose own ``send_and_receive`` sleeps 3 s between pulls: never called."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        raise AssertionError("Flower's 3 s pull loop was used")
+
+
+def test_in_deployment_the_server_pulls_every_pull_interval_with_a_short_backoff(monkeypatch):
+    from flwr.supercore.inflatable import inflatable_utils as objects
+
+    from pflower.flower_waits import pull_backoff
+    from pflower.strategies.nodes import polls_slowly
+
+    for fn in (objects.pull_objects, objects.pull_and_inflate_object_from_tree):
+        monkeypatch.setitem(fn.__kwdefaults__, "initial_backoff", 1)  # restored afterwards
+    run_cfg = {
+        "dataset": "digits",
+        "partitioner": "iid",
+        "algorithm": "fedalt",
+        "num-server-rounds": 2,
+        "evaluate-every": 2,
+        "pull-interval": 0.02,
+        "outputs-dir": "/tmp/pflower-test-outputs",
+    }
+    cfg = parse_config(frozenset(run_cfg.items()))
+    grid = HttpGrid(build_client_app(run_cfg), 6, seed=cfg.seed)
+    assert polls_slowly(Window(grid, 2)) and not polls_slowly(Counting(None, 1))
+    deployed = run(grid, cfg)
+    assert grid.most == 6  # no limit in deployment: every message of a round at once
+    assert pull_backoff() == 0.02  # the ServerApp's object pulls retry after pull-interval
+    local = run_local(run_cfg, 6)
+    assert deployed.final == local.final

@@ -1,13 +1,16 @@
 """The warm SuperExec (``pflower.deploy.warm_exec``): a SuperNode with ``--isolation process``
 runs every message in a fork of a process that imported torch and the app once. The zygote
-forks with no other thread alive, and a loopback deployment (TLS, authentication, gateway)
-with it completes a run whose results equal the same run on LocalGrid."""
+forks with no other thread alive, a fork imports nothing more to serve a run's messages, and
+a loopback deployment (TLS, authentication, gateway; the kit's shorter waits) with it
+completes a run whose results equal the same run on LocalGrid."""
 
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +27,60 @@ def test_the_zygote_forks_single_threaded():
         assert executor.threads_at_fork == 1  # no thread a fork could leave holding a lock
     finally:
         executor.close()
+
+
+#: in a fresh process: the zygote's warm-up, then every recorded (message, context) served by
+#: the production ClientApp, as forks of the zygote serve them; prints what that imported
+_REPLAY = """
+import json, pickle, sys
+from pflower.deploy.warm_exec import warm_up
+warm_up()
+from pflower.client_app import build_client_app
+with open(sys.argv[1], "rb") as f:
+    runs = pickle.load(f)
+before = set(sys.modules)
+for run, served in runs:
+    app = build_client_app(run)
+    for msg, context in served:
+        app(msg, context)
+print(json.dumps(sorted(set(sys.modules) - before)))
+"""
+
+
+def test_a_fork_of_the_warm_zygote_imports_nothing(tmp_path):
+    """What the production ClientApp imports while it serves a run's messages (start-up
+    query, training, evaluation; every algorithm) after the zygote's warm-up: nothing. Each
+    task runs in a new fork, so a module imported lazily there is imported again for every
+    message (torch's optimizers import torch._dynamo on first use: 2.8 s a message)."""
+    from pflower.client_app import build_client_app
+    from pflower.experiments.local_grid import run_local
+
+    runs = []
+    for algorithm in ("fedavg", "local", "fedalt", "fedsim", "apfl", "pflego", "ffgg"):
+        run = {
+            "algorithm": algorithm,
+            "dataset": "digits",
+            "num-server-rounds": 2,
+            "evaluate-every": 1,
+            "outputs-dir": str(tmp_path / algorithm),
+        }
+        app, served = build_client_app(run), []
+
+        def record(msg, context, app=app, served=served):  # as received, state included
+            served.append(pickle.dumps((msg, context)))
+            return app(msg, context)
+
+        run_local(run, 2, client_app=record)
+        assert len(served) >= 6  # queries, training and evaluation of both nodes
+        runs.append((run, [pickle.loads(m) for m in served]))
+    messages = tmp_path / "served.pickle"
+    messages.write_bytes(pickle.dumps(runs))
+    done = subprocess.run(
+        [sys.executable, "-c", _REPLAY, str(messages)],
+        capture_output=True, text=True, cwd=REPO, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == []
 
 
 @pytest.mark.skipif(
@@ -49,10 +106,12 @@ def test_a_warm_federation_runs_and_equals_local_grid(tmp_path):
         "finetune-epochs": 1,
         "outputs-dir": str(tmp_path / "outputs"),
     }
-    fed = Federation(tmp_path / "fed", supernodes=2, port=port, warm=True)
+    # with the kit's shorter waits: Flower's SuperNode through pflower.deploy.supernode
+    fed = Federation(tmp_path / "fed", supernodes=2, port=port, warm=True, poll_interval=0.2)
     try:
         fed.up()
         assert {"warm-exec-0", "warm-exec-1"} <= set(fed.entries)
+        assert fed.entries["supernode-0"]["command"][1:3] == ["-m", "pflower.deploy.supernode"]
         done = fed.run(run, REPO, timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     finally:

@@ -61,6 +61,15 @@ def main(argv: list[str] | None = None) -> None:
         help="each SuperNode with a warm SuperExec (pflower.deploy.warm_exec): every message "
         "in a fork of a process that imported torch and the app once, not a fresh process",
     )
+    up.add_argument(
+        "--poll-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="each SuperNode asks for its next message at most this many seconds apart "
+        "(pflower.deploy.supernode; default: Flower's own 3 s). 0.2: a round waits ~0.1 s "
+        "for its SuperNodes instead of ~1.5 s, for one request per node every 0.2 s",
+    )
     down = sub.add_parser("down", help="stop what 'up' started (<dir>/pids.json, checked)")
     down.add_argument("--dir", default="deploy")
     args = parser.parse_args(argv)
@@ -75,7 +84,18 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "gateway":
         gateway(args.listen, args.superlink, Path(args.credentials).expanduser())
     elif args.command == "up":
-        fed = Federation(args.dir, args.supernodes, args.port, warm=args.warm)
+        if args.poll_interval is not None:
+            from pflower.flower_waits import FLOWER_IDLE_POLL_S, MIN_WAIT_S
+
+            if not MIN_WAIT_S <= args.poll_interval <= FLOWER_IDLE_POLL_S:
+                parser.error(
+                    f"--poll-interval {args.poll_interval}: must be in [{MIN_WAIT_S}, "
+                    f"{FLOWER_IDLE_POLL_S:g}] seconds"
+                )
+        fed = Federation(
+            args.dir, args.supernodes, args.port, warm=args.warm,
+            poll_interval=args.poll_interval,
+        )  # fmt: skip
         try:
             fed.up(say=lambda line: print(line, flush=True))
         except RuntimeError as err:  # Flower's own words, then what was started is stopped

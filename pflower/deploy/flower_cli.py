@@ -40,15 +40,26 @@ def superlink_command(creds: Path, port: int, database: Path) -> list[str]:
 
 
 def supernode_command(
-    creds: Path, key: str, superlink: str, port: int, node_config: Mapping[str, object]
+    creds: Path,
+    key: str,
+    superlink: str,
+    port: int,
+    node_config: Mapping[str, object],
+    poll_interval: float | None = None,
 ) -> list[str]:
     """``flower-supernode`` over TLS (trusting ``ca.crt``), authenticated by its private key,
-    with its node config (its data and its ``state-dir``)."""
+    with its node config (its data and its ``state-dir``); with ``poll_interval``, Flower's
+    SuperNode through ``pflower.deploy.supernode``, its loop's waits capped at that."""
     items = " ".join(
         f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in node_config.items()
     )
+    if poll_interval is None:
+        start = [executable("flower-supernode")]
+    else:
+        start = [sys.executable, "-m", "pflower.deploy.supernode"]
+        start += ["--poll-interval", f"{poll_interval:g}"]
     return [
-        executable("flower-supernode"),
+        *start,
         "--root-certificates", str(creds / "ca.crt"),
         "--superlink", superlink,
         "--auth-supernode-private-key", str(creds / key),
@@ -58,15 +69,20 @@ def supernode_command(
     ]  # fmt: skip
 
 
-def warm_exec_command(runtime_port: int, supernode_pid: int) -> list[str]:
+def warm_exec_command(
+    runtime_port: int, supernode_pid: int, poll_interval: float | None = None
+) -> list[str]:
     """``pflower.deploy.warm_exec`` for the SuperNode whose Runtime API is on
     ``127.0.0.1:runtime_port`` (loopback, as Flower's own SuperExec reaches it), ending
-    with that SuperNode (``--parent-pid``)."""
+    with that SuperNode (``--parent-pid``); with ``poll_interval``, its ClientApps' first
+    retry of a missing object after that many seconds."""
+    poll = [] if poll_interval is None else ["--poll-interval", f"{poll_interval:g}"]
     return [
         sys.executable, "-m", "pflower.deploy.warm_exec",
         "--runtime-api-address", f"127.0.0.1:{runtime_port}",
         "--insecure",
         "--parent-pid", str(supernode_pid),
+        *poll,
     ]  # fmt: skip
 
 

@@ -24,26 +24,60 @@ SuperNode leaves that to a SuperExec started beside it; this module is that Supe
 
 ``pflower deploy up --warm`` (``Federation(warm=True)``) starts one beside every SuperNode.
 The polling interval of the loop is Flower's ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``
-(default 1 s); the deployment kit sets 0.05 s.
+(default 1 s); the deployment kit sets 0.05 s. The SuperNode hands a task out as soon as it
+has the message, before the message's arrays have arrived, so a ClientApp often asks for an
+object that is not there yet and Flower then waits 1 s (then 2, 4...) before it asks again;
+``--poll-interval`` shortens that first wait (``pflower.flower_waits``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import signal
 import sys
 import threading
 from multiprocessing.connection import Connection, Pipe
 
-#: imported in the zygote before any fork: what a fresh flwr-clientapp spends its start on
+from pflower.flower_waits import cap_pull_backoff
+
+#: imported in the zygote before any fork: what a fresh flwr-clientapp spends its start on,
+#: and what the ClientApp imports lazily on its first message, which every fork would import
+#: again (measured on the loopback deployment, per message: ``torch._dynamo``, which torch's
+#: optimizers import on first use, 2.8 s; flwr-datasets, 2.4 s)
 WARM_IMPORTS = (
     "torch",
+    "torch._dynamo",
     "flwr.supernode.runtime.run_clientapp",
     "flwr.supercore.tls",
     "pflower.client_app",
 )
+#: the same where installed (their extras are optional): the libraries of the data sets and
+#: models (flwr-datasets, pflower's partitioners, datasets: ``data``; scikit-learn, 0.3 s for
+#: ``digits``, with the packages its ``load_digits`` reads its files from, and mlxtend:
+#: ``offline``; torchvision: ``vision``)
+WARM_IF_INSTALLED = (
+    "flwr_datasets",
+    "pflower.task.partitioners",
+    "datasets",
+    "sklearn.datasets",
+    "sklearn.datasets.data",
+    "sklearn.datasets.descr",
+    "mlxtend.data",
+    "torchvision",
+)
+
+
+def warm_up() -> None:
+    """Import what a task would import (``WARM_IMPORTS``, and ``WARM_IF_INSTALLED`` where
+    installed). Starts no thread (torch's thread pools start on first use, not on import)."""
+    for name in WARM_IMPORTS:
+        importlib.import_module(name)
+    for name in WARM_IF_INSTALLED:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
 
 
 def _run_task(spec: dict) -> int:
@@ -69,8 +103,7 @@ def _run_task(spec: dict) -> int:
 
 def _zygote(conn: Connection) -> None:
     """Receive task specs; fork a child per task; reap finished children."""
-    for name in WARM_IMPORTS:
-        __import__(name)
+    warm_up()
     conn.send(threading.active_count())  # ready; 1: no thread a fork could leave locked
     children: set[int] = set()
     while True:
@@ -175,7 +208,20 @@ def main(argv=None) -> None:
     p.add_argument("--root-certificates", default=None)
     p.add_argument("--parent-pid", type=int, default=None)
     p.add_argument("--allow-runtime-dependency-installation", action="store_true")
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="a ClientApp retries an object its SuperNode does not have yet after this many "
+        "seconds, not Flower's 1 s (pflower.flower_waits)",
+    )
     args = p.parse_args(argv)
+    if args.poll_interval is not None:  # before the fork: the zygote and its children inherit it
+        try:
+            cap_pull_backoff(args.poll_interval)
+        except (ValueError, RuntimeError) as err:
+            p.error(str(err))
     # the zygote first, while this process has no thread: run_superexec then starts its own
     executor = ForkExecutor()
     from flwr.supercore.superexec import run_superexec as superexec

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
+from pflower.flower_waits import cap_pull_backoff
 from pflower.wire import CONFIG, METRICS, QUERY
 
 # A child of Flower's logger, so our records go wherever Flower's go (console, `flwr log`).
@@ -53,20 +54,28 @@ class RoundDeadline:
 
 
 class Window:
-    """A ``Grid`` that keeps at most ``size`` messages outstanding: ``send_and_receive``
-    pushes the first ``size``, then one more for each reply pulled, until all are answered
-    or ``timeout`` has passed (as Flower's, which pushes them all at once).
+    """A ``Grid`` that keeps at most ``size`` messages outstanding (``None``: no limit) and
+    pulls replies every ``pull_interval`` seconds: ``send_and_receive`` pushes the first
+    ``size``, then one more for each reply pulled, until all are answered or ``timeout`` has
+    passed (as Flower's, which pushes them all at once).
 
     Why: Flower 1.41's simulation engine hands messages to its workers by scanning, every
     0.1 s and for every node, every stored message (``InMemoryLinkState.get_message_ins``),
     so each tick costs nodes x outstanding messages. With 1 000 nodes and a round of 1 000
     messages that is a million message checks per tick; a window keeps it at nodes x
     ``size``. The engine runs a few messages at a time anyway (one per CPU by default), so a
-    window of a few times that loses no throughput. Everything else is the grid's."""
+    window of a few times that loses no throughput.
 
-    def __init__(self, grid: Grid, size: int, pull_interval: float = 0.05) -> None:
-        if size < 1:
-            raise ValueError(f"window size {size}: must be >= 1")
+    And why in deployment, with no limit: Flower 1.41's deployment grid (``HttpGrid``) sleeps
+    3 s between its pulls, so a round waits on average 1.5 s after the last reply is in (on
+    the loopback deployment, where the work of a round is 0.02 s, that was most of a round).
+    Everything else is the grid's."""
+
+    def __init__(self, grid: Grid, size: int | None, pull_interval: float = 0.05) -> None:
+        if size is not None and size < 1:
+            raise ValueError(f"window size {size}: must be >= 1 (None: no limit)")
+        if not pull_interval > 0:
+            raise ValueError(f"pull interval {pull_interval}: must be > 0 seconds")
         self.grid, self.size, self.pull_interval = grid, size, pull_interval
 
     def __getattr__(self, name: str):
@@ -78,7 +87,7 @@ class Window:
         outstanding: set[str] = set()
         replies: list[Message] = []
         while waiting or outstanding:
-            room = self.size - len(outstanding)
+            room = len(waiting) if self.size is None else self.size - len(outstanding)
             if waiting and room > 0:
                 batch = [waiting.pop() for _ in range(min(room, len(waiting)))]
                 outstanding.update(i for i in self.grid.push_messages(batch) if i)
@@ -90,6 +99,24 @@ class Window:
             if not got:
                 time.sleep(self.pull_interval)
         return replies
+
+
+def polls_slowly(grid) -> bool:
+    """Whether ``grid`` (or the grid it wraps) is Flower's deployment grid, whose
+    ``send_and_receive`` sleeps 3 s between pulls (``HttpGrid`` in Flower 1.41)."""
+    while hasattr(grid, "grid"):
+        grid = grid.grid
+    return type(grid).__name__ in ("HttpGrid", "GrpcGrid")  # GrpcGrid: earlier releases
+
+
+def shorten_pull_backoff(seconds: float) -> None:
+    """Flower's object pulls in this process (the ServerApp's) retry a reply's missing
+    objects after ``seconds``, not 1 s (``pflower.flower_waits.cap_pull_backoff``); where
+    the installed Flower has no such backoff, a warning and Flower's own wait."""
+    try:
+        cap_pull_backoff(seconds)
+    except RuntimeError as err:
+        log.warning("pull-interval: %s; replies are pulled with Flower's own backoff", err)
 
 
 def in_memory_grid(grid) -> bool:

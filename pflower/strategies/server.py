@@ -62,7 +62,14 @@ from pflower.strategies.combine import (
     weighted_mean_of_updates,
 )
 from pflower.strategies.history import RoundLog, summarize_clients, weighted_mean_metrics
-from pflower.strategies.nodes import NodeSampling, RoundDeadline, Window, in_memory_grid
+from pflower.strategies.nodes import (
+    NodeSampling,
+    RoundDeadline,
+    Window,
+    in_memory_grid,
+    polls_slowly,
+    shorten_pull_backoff,
+)
 from pflower.strategies.privacy import DPSettings, Mechanism, noise_rng
 from pflower.strategies.server_opt import ServerOptimizer, client_lr
 from pflower.wire import (
@@ -154,6 +161,10 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         At most this many messages outstanding at once (``nodes.Window``); 0 (auto): 16 on
         Flower's simulation engine, whose dispatcher costs nodes x outstanding messages per
         tick, no limit elsewhere.
+    pull_interval : float (default: ``pull-interval``)
+        Seconds between the server's pulls for replies while it waits, on Flower's simulation
+        engine and in deployment (``nodes.Window``; Flower 1.41's deployment grid sleeps 3 s
+        between pulls).
     evaluate_every : int (default: ``evaluate-every``)
         Evaluate every this many rounds (and always in the final round).
     reply_key : str (default: "arrays")
@@ -257,6 +268,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         evaluate_every: int = RUN_DEFAULTS.evaluate_every,
         final_evaluate_fraction: float = RUN_DEFAULTS.final_evaluate_fraction,
         max_in_flight: int = RUN_DEFAULTS.max_in_flight,
+        pull_interval: float = RUN_DEFAULTS.pull_interval,
         reply_key: str = ARRAYS,
         lr: float = RUN_DEFAULTS.lr,
         lr_schedule: str = RUN_DEFAULTS.lr_schedule,
@@ -293,6 +305,8 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             )
         if max_in_flight < 0:
             raise ValueError(f"max_in_flight = {max_in_flight}: must be >= 0 (0: auto)")
+        if not 0.01 <= pull_interval <= 60:
+            raise ValueError(f"pull_interval = {pull_interval}: must be in [0.01, 60] seconds")
         if reply_key not in (ARRAYS, DELTA, GRADIENT):
             raise ValueError(
                 f"reply_key = {reply_key!r}: must be {ARRAYS!r}, {DELTA!r} or {GRADIENT!r}"
@@ -309,6 +323,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         self.evaluate_every = evaluate_every
         self.final_evaluate_fraction = final_evaluate_fraction
         self.max_in_flight = max_in_flight
+        self.pull_interval = pull_interval
         self.reply_key = reply_key
         self.lr = lr
         self.lr_schedule = lr_schedule
@@ -390,8 +405,10 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         if resume is not None:
             resume.restore(self)  # sampler, server optimizer, history, run tag... of round r
         window = self.max_in_flight or (SIMULATION_WINDOW if in_memory_grid(grid) else 0)
-        if window:
-            grid = Window(grid, window)
+        if polls_slowly(grid):  # Flower's deployment grid: 3 s pulls, 1 s object backoff
+            shorten_pull_backoff(min(self.pull_interval, 1.0))
+        if window or polls_slowly(grid):
+            grid = Window(grid, window or None, self.pull_interval)
         if not kwargs.get("timeout"):  # 0 / None: each round waits as long as the work needs
             grid, kwargs["timeout"] = RoundDeadline(grid), None
         # as long as a round may take: a busy machine can start its nodes slowly
@@ -771,6 +788,7 @@ def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> d
         "evaluate_every": cfg.evaluate_every,
         "final_evaluate_fraction": cfg.final_evaluate_fraction,
         "max_in_flight": cfg.max_in_flight,
+        "pull_interval": cfg.pull_interval,
         "lr": cfg.lr,
         "lr_schedule": cfg.lr_schedule,
         "lr_warmup_fraction": cfg.lr_warmup_fraction,
