@@ -13,8 +13,9 @@ aggregating the replies (results.json's rounds: their ``seconds``), and the medi
 over rounds 2.. (round 1 loads the data). The overhead is that minus the slowest client's
 training time (``train-seconds`` the replies carry is not sent; the same run on LocalGrid,
 which has no transport, gives the work: ``local_round_s``). Before the run, the CPU the idle
-SuperNodes (and their SuperExecs) use, per node and minute, over ``--idle-seconds``: what a
-shorter ``--poll-interval`` costs. Prints one JSON object; every process it started is stopped
+federation uses per minute over ``--idle-seconds``, by process (the SuperLink and the gateway
+answer the SuperNodes' polls; each SuperNode answers its SuperExec's): what a shorter
+``--poll-interval`` costs. Prints one JSON object; every process it started is stopped
 by its process id at the end (``Federation.stop_all``).
 """
 
@@ -158,9 +159,11 @@ def main(argv=None) -> dict:
             if k.startswith(("supernode", "warm-exec"))
         ]
         idle_mib = _rss_mib(supernodes)
-        cpu0 = _cpu_s(supernodes)
+        idle = {k: int(e["pid"]) for k, e in fed.entries.items()}
+        cpu0 = {k: _cpu_s([pid]) for k, pid in idle.items()}
         time.sleep(args.idle_seconds)
-        idle_cpu = _cpu_s(supernodes) - cpu0
+        per_minute = 60 / max(args.idle_seconds, 1e-9)
+        idle_cpu = {k: round((_cpu_s([pid]) - cpu0[k]) * per_minute, 2) for k, pid in idle.items()}
         late = args.supernodes - 1
         events = []
         if args.join_leave:  # the last node is not there when the run starts
@@ -215,9 +218,8 @@ def main(argv=None) -> dict:
         "supernode_rss_mib_idle": round(idle_mib, 1),
         "supernode_rss_mib_after_run": round(busy_mib, 1),
         "per_supernode_rss_mib_idle": round(idle_mib / args.supernodes, 1),
-        "idle_cpu_s_per_supernode_minute": round(
-            idle_cpu / args.supernodes * 60 / max(args.idle_seconds, 1e-9), 3
-        ),
+        "idle_cpu_s_per_minute": round(sum(idle_cpu.values()), 2),
+        "idle_cpu_s_per_minute_by_process": idle_cpu,
     }
     result["overhead_s"] = round(result["median_round_s"] - result["local_grid_median_round_s"], 2)
     print(json.dumps(result, indent=1))
