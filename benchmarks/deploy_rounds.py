@@ -114,6 +114,7 @@ def main(argv=None) -> dict:
         help="the SuperNodes' poll (pflower.deploy.supernode); default: Flower's 3 s",
     )
     p.add_argument("--idle-seconds", type=float, default=20.0)
+    p.add_argument("--settle-seconds", type=float, default=15.0)
     p.add_argument(
         "--run-config",
         nargs="*",
@@ -159,6 +160,7 @@ def main(argv=None) -> dict:
             if k.startswith(("supernode", "warm-exec"))
         ]
         idle_mib = _rss_mib(supernodes)
+        time.sleep(args.settle_seconds)  # the warm SuperExecs' zygotes import torch first
         idle = {k: int(e["pid"]) for k, e in fed.entries.items()}
         cpu0 = {k: _cpu_s([pid]) for k, pid in idle.items()}
         time.sleep(args.idle_seconds)

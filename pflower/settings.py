@@ -393,8 +393,9 @@ class RunSettings(Settings):
         le=60,
         description=(
             "seconds between the server's pulls for replies while it waits (on Flower's "
-            "simulation engine and in deployment; Flower 1.41's own deployment grid waits 3 s "
-            "between pulls, which a round then waits on average half of)"
+            "simulation engine and in deployment, where Flower 1.41's own grid waits 3 s between "
+            "pulls); in deployment also the first retry of a reply whose arrays have not all "
+            "arrived (Flower's: 1 s; at most 1 s)"
         ),
     )
     round_timeout: float = Field(
