@@ -79,6 +79,29 @@ def test_down_leaves_a_process_alone_whose_pid_no_longer_runs_its_command(tmp_pa
             proc.wait()
 
 
+def test_down_stops_a_warm_supernode_with_its_superexec_beside_it(tmp_path, capsys):
+    """``up --warm`` records each SuperNode's warm SuperExec as ``warm-exec-<i>``; stopping
+    the SuperNode stops it too, and ``down`` goes on with the rest (it raised KeyError)."""
+    node, warm, link = (_spawn("sleep", s) for s in ("67", "68", "69"))
+    try:
+        entries = {
+            "supernode-0": {"pid": node.pid, "command": ["sleep", "67"]},
+            "warm-exec-0": {"pid": warm.pid, "command": ["sleep", "68"]},
+            "superlink": {"pid": link.pid, "command": ["sleep", "69"]},
+        }
+        (tmp_path / "pids.json").write_text(json.dumps(entries))
+        deploy.main(["down", "--dir", str(tmp_path)])
+        said = capsys.readouterr().out
+        assert all(_gone(p.pid) for p in (node, warm, link))
+        assert "stopped supernode-0" in said and "and warm-exec-0 beside it" in said
+        assert "stopped superlink" in said
+        assert json.loads((tmp_path / "pids.json").read_text()) == {}
+    finally:
+        for proc in (node, warm, link):
+            proc.kill()
+            proc.wait()
+
+
 def test_connection_is_a_flower_configuration_the_cli_reads(tmp_path):
     ca = tmp_path / "ca.crt"
     ca.write_text("not read here")

@@ -114,10 +114,17 @@ def main(argv: list[str] | None = None) -> None:
         if not fed.entries:
             print(f"nothing recorded in {fed.root / 'pids.json'}")
         for label in sorted(fed.entries, key=lambda k: (k == "superlink", k == "gateway")):
+            if label not in fed.entries:  # a warm SuperExec, stopped with its SuperNode
+                continue
             pid = fed.entries[label]["pid"]
             if fed.running(label):
+                beside = f"warm-exec-{label.removeprefix('supernode-')}"
+                with_exec = label.startswith("supernode-") and fed.running(beside)
                 fed.stop(label)
-                print(f"stopped {label} (pid {pid}) and the processes below it")
+                print(
+                    f"stopped {label} (pid {pid}) and the processes below it"
+                    + (f", and {beside} beside it" if with_exec else "")
+                )
             else:
                 print(f"{label}: pid {pid} is no longer this federation's process; left alone")
                 fed.entries.pop(label)
