@@ -101,12 +101,18 @@ class Window:
         return replies
 
 
+def _innermost(grid):
+    """The grid under pflower's wrappers (``Window``, ``RoundDeadline``)."""
+    while hasattr(grid, "grid"):
+        grid = grid.grid
+    return grid
+
+
 def polls_slowly(grid) -> bool:
     """Whether ``grid`` (or the grid it wraps) is Flower's deployment grid, whose
     ``send_and_receive`` sleeps 3 s between pulls (``HttpGrid`` in Flower 1.41)."""
-    while hasattr(grid, "grid"):
-        grid = grid.grid
-    return type(grid).__name__ in ("HttpGrid", "GrpcGrid")  # GrpcGrid: earlier releases
+    # GrpcGrid: its name in earlier releases
+    return type(_innermost(grid)).__name__ in ("HttpGrid", "GrpcGrid")
 
 
 def shorten_pull_backoff(seconds: float) -> None:
@@ -121,9 +127,7 @@ def shorten_pull_backoff(seconds: float) -> None:
 
 def in_memory_grid(grid) -> bool:
     """Whether ``grid`` (or the grid it wraps) is the simulation engine's in-memory grid."""
-    while hasattr(grid, "grid"):
-        grid = grid.grid
-    return type(grid).__name__ == "InMemoryGrid"
+    return type(_innermost(grid)).__name__ == "InMemoryGrid"
 
 
 class NodeSampling:

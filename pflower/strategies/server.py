@@ -405,9 +405,10 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         if resume is not None:
             resume.restore(self)  # sampler, server optimizer, history, run tag... of round r
         window = self.max_in_flight or (SIMULATION_WINDOW if in_memory_grid(grid) else 0)
-        if polls_slowly(grid):  # Flower's deployment grid: 3 s pulls, 1 s object backoff
+        deployed = polls_slowly(grid)  # Flower's deployment grid: 3 s pulls, 1 s object backoff
+        if deployed:
             shorten_pull_backoff(min(self.pull_interval, 1.0))
-        if window or polls_slowly(grid):
+        if window or deployed:
             grid = Window(grid, window or None, self.pull_interval)
         if not kwargs.get("timeout"):  # 0 / None: each round waits as long as the work needs
             grid, kwargs["timeout"] = RoundDeadline(grid), None
