@@ -149,7 +149,11 @@ def test_a_run_is_reproducible_from_its_seed(tmp_path):
 
 def test_local_grid_run_equals_the_simulation_engine_run(tmp_path):
     """The benchmarks' in-process LocalGrid changes the transport only: the same config gives
-    the same trajectory as Flower's simulation engine (sampling, seeds, client state)."""
+    the same trajectory as Flower's simulation engine (sampling, seeds, client state); the
+    engine's dispatcher is the one the server indexed (``pflower.flower_dispatch``)."""
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+
+    from pflower import flower_dispatch
     from pflower.experiments.local_grid import run_local
 
     overrides = {
@@ -170,7 +174,9 @@ def test_local_grid_run_equals_the_simulation_engine_run(tmp_path):
         "finetune-epochs": 1,
         "outputs-dir": str(tmp_path),
     }
+    flower_dispatch.restore_message_dispatch()
     engine = simulate(overrides, num_nodes=4)
+    assert InMemoryLinkState.get_message_ins is flower_dispatch.get_message_ins
     local = run_local(overrides, 4)
     errors = [[r.server["theta-error"] for r in rep.rounds] for rep in (engine, local)]
     assert len(errors[0]) == 5

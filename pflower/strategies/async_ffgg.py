@@ -42,6 +42,7 @@ from pydantic import Field
 
 from pflower.settings import ConfigError, Settings
 from pflower.strategies.ffgg import FFGG, FFGGClient, FFGGSettings
+from pflower.strategies.nodes import in_memory_grid, index_dispatch
 from pflower.strategies.registry import Algorithm
 
 if TYPE_CHECKING:
@@ -221,6 +222,8 @@ class AsyncFFGG(FFGG):
         self.refuse_other_lr(train_config)
         self.history = []
         self.counts = {"replies": 0, "applied": 0, "dropped": 0, "timed-out": 0}
+        if in_memory_grid(grid):
+            index_dispatch()
         self.learn_partitions(grid, timeout=timeout or 3600.0)
         nodes = self._ordered(grid.get_node_ids())
         held = self.held_out(nodes)

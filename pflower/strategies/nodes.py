@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
+from pflower.flower_dispatch import index_message_dispatch
 from pflower.flower_waits import cap_pull_backoff
 from pflower.wire import CONFIG, METRICS, QUERY
 
@@ -123,6 +124,16 @@ def shorten_pull_backoff(seconds: float) -> None:
         cap_pull_backoff(seconds)
     except RuntimeError as err:
         log.warning("pull-interval: %s; replies are pulled with Flower's own backoff", err)
+
+
+def index_dispatch() -> None:
+    """Flower's simulation engine in this process finds each node's messages through an
+    index (``pflower.flower_dispatch``) instead of walking every stored message for every
+    node; where the installed Flower's dispatcher is not 1.41's, a warning and Flower's."""
+    try:
+        index_message_dispatch()
+    except RuntimeError as err:
+        log.warning("%s", err)
 
 
 def in_memory_grid(grid) -> bool:

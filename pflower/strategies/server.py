@@ -67,6 +67,7 @@ from pflower.strategies.nodes import (
     RoundDeadline,
     Window,
     in_memory_grid,
+    index_dispatch,
     polls_slowly,
     shorten_pull_backoff,
 )
@@ -404,7 +405,10 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         resume = kwargs.pop("resume", None)  # a pflower.checkpoint.Checkpoint to continue
         if resume is not None:
             resume.restore(self)  # sampler, server optimizer, history, run tag... of round r
-        window = self.max_in_flight or (SIMULATION_WINDOW if in_memory_grid(grid) else 0)
+        simulated = in_memory_grid(grid)  # Flower's simulation engine runs in this process
+        if simulated:
+            index_dispatch()
+        window = self.max_in_flight or (SIMULATION_WINDOW if simulated else 0)
         deployed = polls_slowly(grid)  # Flower's deployment grid: 3 s pulls, 1 s object backoff
         if deployed:
             shorten_pull_backoff(min(self.pull_interval, 1.0))
