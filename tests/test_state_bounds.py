@@ -26,7 +26,7 @@ from pflower.strategies.client import PERSONAL
 from pflower.strategies.l2gd import LOCAL_MODEL, L2GDClient
 from pflower.strategies.scaffold import CLIENT_CONTROL
 from pflower.task.split import get_tensors
-from pflower.task.state import STATE_BOUND, DirectoryStore
+from pflower.task.state import STATE_BOUND, DirectoryStore, load_matching
 from pflower.wire import PERSONAL_RESET, RUN_TAG
 
 LOGGER = "flwr.pflower"
@@ -120,6 +120,27 @@ def test_the_bound_follows_the_scale_of_the_model():
     with torch.no_grad():
         job.shared_params()[0].fill_(10.0)  # scale 10: bound 1e5
     assert job.load(PERSONAL, job.init_personal) is not None
+
+
+def test_the_shared_scale_is_computed_only_for_a_state_beyond_the_templates_bound():
+    """``load_matching`` asks for the scale (a pass over every shared parameter) only when
+    the state is beyond STATE_BOUND x the template's own magnitude."""
+    store = ContextStore(RecordDict())
+    template = {"w": torch.ones(3)}
+    asked = []
+
+    def scale():
+        asked.append(True)
+        return 10.0
+
+    store.save("k", {"w": torch.full((3,), 0.5 * STATE_BOUND)})
+    assert load_matching(store, "k", template, scale=scale) is not None
+    assert not asked
+    store.save("k", {"w": torch.full((3,), 5 * STATE_BOUND)})  # within 10 x the bound
+    assert load_matching(store, "k", template, scale=scale) is not None
+    assert asked == [True]
+    store.save("k", {"w": torch.full((3,), 50 * STATE_BOUND)})
+    assert load_matching(store, "k", template, scale=scale) is None
 
 
 def test_apfl_with_a_huge_v_starts_afresh():

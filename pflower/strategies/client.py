@@ -238,7 +238,10 @@ class ClientJob:
         else ``None``; every algorithm's state is read here, so that ``personal-restored``
         says whether the client resumed state of its own. Values are bounded by the scale
         of the template and of the shared parameters just received (``load_matching``)."""
-        scale = magnitude(p.detach() for p in self.shared_params())
+
+        def scale() -> float:  # asked for only by a state beyond the template's own scale
+            return magnitude(p.detach() for p in self.shared_params())
+
         stored = load_matching(self.store, key, template, scale=scale)
         self.restored = self.restored or stored is not None
         return stored
