@@ -63,6 +63,19 @@ def _thread_model(cfg: Config, thread: int) -> tuple[torch.nn.Module, Split, dic
     return model, split, get_tensors(model, split.personal), device
 
 
+#: clients whose loaders each thread keeps (views of the data cache's arrays, not copies)
+LOADERS_KEPT = 256
+
+
+@functools.lru_cache(maxsize=LOADERS_KEPT)
+def _thread_loaders(cfg: Config, partition_id: int, num_partitions: int, dtype, data_path, thread):
+    """A client's train and test loaders, built once per thread (``load_client_data``: two
+    datasets and two DataLoaders, ~40 us a message; issue 29). Every message reseeds the
+    train loader's generator (``make_job``), so a kept loader shuffles as a fresh one would;
+    the test loader is not shuffled. Per thread: two clients never share a generator."""
+    return load_client_data(cfg, partition_id, num_partitions, dtype, data_path)
+
+
 def make_job(cfg: Config, context: Context, server_round: int) -> ClientJob:
     node = context.node_config
     try:
@@ -74,8 +87,8 @@ def make_job(cfg: Config, context: Context, server_round: int) -> ClientJob:
         ) from None
     model, split, init_personal, device = _model(cfg)
     dtype = next(model.parameters()).dtype  # data in the model's precision (float64 models)
-    train_loader, test_loader = load_client_data(
-        cfg, partition_id, num_partitions, dtype, node.get(DATA_PATH)
+    train_loader, test_loader = _thread_loaders(
+        cfg, partition_id, num_partitions, dtype, node.get(DATA_PATH), threading.get_ident()
     )
     # Reproducible whatever process runs this client: seed by (seed, client, round).
     salt = (cfg.seed * 1_000_003 + partition_id * 10_007 + server_round) % 2**63

@@ -42,6 +42,7 @@ def fresh_process() -> None:
     """Forget every model and config the ClientApp cached (what a new process has)."""
     client_app._thread_model.cache_clear()
     client_app.parse_config.cache_clear()
+    client_app._thread_loaders.cache_clear()
 
 
 def messages(algorithm, overrides):

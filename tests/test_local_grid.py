@@ -86,3 +86,37 @@ def test_client_loaders_never_draw_from_torchs_global_generator():
         for _ in loader:
             pass
     assert torch.equal(before, torch.get_rng_state())
+
+
+def test_a_clients_kept_loaders_shuffle_as_fresh_ones_and_are_its_threads_own():
+    """The ClientApp keeps a client's loaders between messages (``_thread_loaders``): each
+    message's batches are those a fresh loader seeded for that message draws, whatever the
+    messages before drew, and another thread gets loaders of its own."""
+    import threading
+
+    import torch
+    from helpers import node_context
+
+    from pflower.client_app import make_job, parse_config
+    from pflower.task.data import load_client_data
+    from pflower.task.data.loaders import one_pass
+
+    cfg = parse_config(frozenset({"dataset": "digits", "partitioner": "iid"}.items()))
+
+    def batches(loader):
+        return [y.tolist() for _, y in one_pass(loader)]
+
+    first = make_job(cfg, node_context(1), 3)
+    batches(first.train_loader)  # a pass that moves the kept loader's generator on
+    again = make_job(cfg, node_context(1), 3)
+    assert again.train_loader is first.train_loader
+    fresh, _ = load_client_data(cfg, 1, 4, torch.float32)
+    fresh.generator.manual_seed(again.train_loader.generator.initial_seed())
+    assert batches(again.train_loader) == batches(fresh)
+    assert batches(make_job(cfg, node_context(1), 4).train_loader) != batches(fresh)
+    other = []
+    thread = threading.Thread(target=lambda: other.append(make_job(cfg, node_context(1), 3)))
+    thread.start()
+    thread.join()
+    assert other[0].train_loader is not first.train_loader
+    assert batches(other[0].train_loader) == batches(make_job(cfg, node_context(1), 3).train_loader)

@@ -121,20 +121,28 @@ def make_split(model: nn.Module, preset: str = "head", patterns: Sequence[str] =
     )
 
 
-def get_tensors(model: nn.Module, names: Iterable[str]) -> dict[str, torch.Tensor]:
-    """Detached CPU copies of the named parameters, in the given order."""
-    params = dict(model.named_parameters())
+def get_tensors(
+    model: nn.Module, names: Iterable[str], params: Mapping[str, nn.Parameter] | None = None
+) -> dict[str, torch.Tensor]:
+    """Detached CPU copies of the named parameters, in the given order (``params``: the
+    model's ``named_parameters`` as a dict, where the caller holds it already)."""
+    params = dict(model.named_parameters()) if params is None else params
     return {n: params[n].detach().to("cpu", copy=True) for n in names}
 
 
-def set_tensors(model: nn.Module, tensors: Mapping[str, torch.Tensor | np.ndarray]) -> None:
-    """Copy ``tensors`` into the model's parameters of the same names (shapes must match).
+def set_tensors(
+    model: nn.Module,
+    tensors: Mapping[str, torch.Tensor | np.ndarray],
+    params: Mapping[str, nn.Parameter] | None = None,
+) -> None:
+    """Copy ``tensors`` into the model's parameters of the same names (shapes must match;
+    ``params`` as in ``get_tensors``).
 
     Values may be tensors or NumPy arrays, read-only views of a message's bytes included
     (``wire.array_view``): an array of the parameter's dtype goes straight into a CPU
     parameter, one pass over the values instead of a writable copy and then the copy in
     (issue 29's per-message cost); anything else is cast as ``Tensor.to`` casts."""
-    params = dict(model.named_parameters())
+    params = dict(model.named_parameters()) if params is None else params
     with torch.no_grad():
         for name, value in tensors.items():
             if name not in params:
@@ -163,7 +171,10 @@ def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
         return None
 
 
-def parameters(model: nn.Module, names: Iterable[str]) -> list[nn.Parameter]:
-    """The parameter objects of the given names (for an optimizer over a subset)."""
-    params = dict(model.named_parameters())
+def parameters(
+    model: nn.Module, names: Iterable[str], params: Mapping[str, nn.Parameter] | None = None
+) -> list[nn.Parameter]:
+    """The parameter objects of the given names (for an optimizer over a subset; ``params``
+    as in ``get_tensors``)."""
+    params = dict(model.named_parameters()) if params is None else params
     return [params[n] for n in names]
