@@ -12,7 +12,9 @@ Per round: the wall seconds the ServerApp measured from sending the training mes
 aggregating the replies (results.json's rounds: their ``seconds``), and the median
 over rounds 2.. (round 1 loads the data). The overhead is that minus the slowest client's
 training time (``train-seconds`` the replies carry is not sent; the same run on LocalGrid,
-which has no transport, gives the work: ``local_round_s``). Before the run, the CPU the idle
+which has no transport, gives the work: ``local_round_s``), and against the same run through
+Flower's simulation engine with as many SuperNodes (``run_simulation``: ``simulation_*``,
+unless ``--no-simulation``). Before the run, the CPU the idle
 federation uses per minute over ``--idle-seconds``, by process (the SuperLink and the gateway
 answer the SuperNodes' polls; each SuperNode answers its SuperExec's): what a shorter
 ``--poll-interval`` costs. Prints one JSON object; every process it started is stopped
@@ -102,6 +104,31 @@ def round_seconds(results: dict) -> list[float]:
     return [r["seconds"] for r in results["rounds"] if r.get("seconds")]
 
 
+def median_after_first(seconds: list[float]) -> float:
+    return statistics.median(seconds[1:] or seconds)
+
+
+def simulation_rounds(run: dict, nodes: int) -> list[float]:
+    """The same run through Flower's simulation engine (``run_simulation``, ``nodes``
+    SuperNodes, Ray workers of one CPU): each round's wall seconds, as the ServerApp measured
+    them."""
+    from flwr.simulation import run_simulation
+
+    from pflower.client_app import build_client_app
+    from pflower.server_app import build_server_app
+
+    reports = []
+    run_simulation(
+        server_app=build_server_app(run, on_report=reports.append),
+        client_app=build_client_app(run),
+        num_supernodes=nodes,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+    )
+    if len(reports) != 1:
+        raise SystemExit("the simulation run did not finish")
+    return [r.seconds for r in reports[0].rounds if r.seconds]
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--supernodes", type=int, default=2)
@@ -123,6 +150,11 @@ def main(argv=None) -> dict:
         help="run-config keys on top of the benchmark's (numbers as numbers)",
     )
     p.add_argument("--fraction-train", type=float, default=1.0)
+    p.add_argument(
+        "--no-simulation",
+        action="store_true",
+        help="skip the same run through run_simulation (its rounds are the comparison)",
+    )
     p.add_argument("--workdir", default=None)
     p.add_argument(
         "--join-leave",
@@ -164,8 +196,11 @@ def main(argv=None) -> dict:
         idle = {k: int(e["pid"]) for k, e in fed.entries.items()}
         cpu0 = {k: _cpu_s([pid]) for k, pid in idle.items()}
         time.sleep(args.idle_seconds)
-        per_minute = 60 / max(args.idle_seconds, 1e-9)
-        idle_cpu = {k: round((_cpu_s([pid]) - cpu0[k]) * per_minute, 2) for k, pid in idle.items()}
+        idle_cpu = {  # none measured without --idle-seconds
+            k: round((_cpu_s([pid]) - cpu0[k]) * 60 / args.idle_seconds, 2)
+            for k, pid in idle.items()
+            if args.idle_seconds > 0
+        }
         late = args.supernodes - 1
         events = []
         if args.join_leave:  # the last node is not there when the run starts
@@ -200,6 +235,11 @@ def main(argv=None) -> dict:
     replies = [r.get("train", {}).get("replies") for r in results["rounds"]]
     local = run_local({**run, "outputs-dir": str(work / "local")}, args.supernodes)
     local_rounds = [r.seconds for r in local.rounds if r.seconds]
+    simulated = (
+        None
+        if args.no_simulation
+        else simulation_rounds({**run, "outputs-dir": str(work / "simulation")}, args.supernodes)
+    )
     result = {
         "supernodes": args.supernodes,
         "warm": args.warm,
@@ -209,8 +249,10 @@ def main(argv=None) -> dict:
         "round_s": [round(s, 2) for s in rounds],
         "replies_per_round": replies,
         "events": events,
-        "median_round_s": round(statistics.median(rounds[1:] or rounds), 2),
-        "local_grid_median_round_s": round(statistics.median(local_rounds[1:] or local_rounds), 3),
+        "median_round_s": round(median_after_first(rounds), 2),
+        "local_grid_median_round_s": round(median_after_first(local_rounds), 3),
+        "simulation_round_s": simulated and [round(s, 2) for s in simulated],
+        "simulation_median_round_s": simulated and round(median_after_first(simulated), 2),
         "run_wall_s": round(run_s, 1),
         # the federation's processes (SuperLink with the ServerApp, gateway, SuperNodes, their
         # SuperExecs and ClientApps), not the flwr CLI's
@@ -220,10 +262,14 @@ def main(argv=None) -> dict:
         "supernode_rss_mib_idle": round(idle_mib, 1),
         "supernode_rss_mib_after_run": round(busy_mib, 1),
         "per_supernode_rss_mib_idle": round(idle_mib / args.supernodes, 1),
-        "idle_cpu_s_per_minute": round(sum(idle_cpu.values()), 2),
+        "idle_cpu_s_per_minute": round(sum(idle_cpu.values()), 2) if idle_cpu else None,
         "idle_cpu_s_per_minute_by_process": idle_cpu,
     }
     result["overhead_s"] = round(result["median_round_s"] - result["local_grid_median_round_s"], 2)
+    if simulated:  # what the deployment costs per round beyond the simulation engine
+        result["overhead_vs_simulation_s"] = round(
+            result["median_round_s"] - result["simulation_median_round_s"], 2
+        )
     print(json.dumps(result, indent=1))
     return result
 
