@@ -27,6 +27,7 @@ installed Flower still has the wait it shortens, and refuses, naming it, when it
 from __future__ import annotations
 
 import inspect
+import math
 import time
 
 #: Flower 1.41's idle poll of the SuperNode's loop (seconds)
@@ -83,19 +84,58 @@ def _pull_functions():
     return objects.pull_objects, objects.pull_and_inflate_object_from_tree
 
 
+#: how much longer than the first retry's wait the later ones may grow (Flower: 10 x 1 s)
+BACKOFF_GROWTH = 2
+#: each pull function's own (initial_backoff, backoff_cap, max_tries_per_object)
+_FLOWERS: dict = {}
+
+
+def _give_up_after(initial: float, cap: float, tries: int) -> float:
+    """How long a pull waits for a missing object before it gives up: ``tries`` retries, the
+    wait doubling from ``initial`` up to ``cap`` (Flower 1.41: 1 s, 10 s, 500 tries: ~83 min)."""
+    total, delay = 0.0, initial
+    for _ in range(tries):
+        total += delay
+        delay = min(delay * 2, cap)
+    return total
+
+
 def cap_pull_backoff(seconds: float) -> None:
     """Flower's object pulls, in this process, wait ``seconds`` (not 1 s) before their first
-    retry of an object that is not there yet, then twice as long each time, up to Flower's
-    cap (10 s): the default of ``initial_backoff`` that every caller in Flower uses."""
+    retry of an object that is not there yet, then twice as long, and then no longer than
+    ``BACKOFF_GROWTH x seconds`` (Flower: up to 10 s): the defaults of ``initial_backoff`` and
+    ``backoff_cap`` that every caller in Flower uses. With Flower's growth, an object that
+    arrived 0.7 s after a first retry at 0.2 s waited for the retry at 1.4 s (0.2 + 0.4 +
+    0.8): rounds of the loopback deployment fell into two groups, 1.4 s apart. The number of
+    tries (``max_tries_per_object``) grows with it, so that a pull still waits at least as long
+    as Flower's before it gives up on an object (a large reply on a slow link)."""
     _check(seconds, "the pull backoff")
     for fn in _pull_functions():
         defaults = fn.__kwdefaults__ or {}
-        if "initial_backoff" not in defaults:
+        missing = [
+            k
+            for k in ("initial_backoff", "backoff_cap", "max_tries_per_object")
+            if k not in defaults
+        ]
+        if missing:
             raise RuntimeError(
-                f"this Flower's {fn.__module__}.{fn.__name__} has no `initial_backoff`: it "
+                f"this Flower's {fn.__module__}.{fn.__name__} has no `{missing[0]}`: it "
                 "is not Flower 1.41's object pull, whose backoff pflower shortens"
             )
-        defaults["initial_backoff"] = seconds
+        flowers = _FLOWERS.setdefault(  # Flower's own, as first found
+            fn,
+            (
+                defaults["initial_backoff"],
+                defaults["backoff_cap"],
+                defaults["max_tries_per_object"],
+            ),
+        )
+        patience = _give_up_after(*flowers)
+        cap = min(BACKOFF_GROWTH * seconds, flowers[1])
+        tries = flowers[2]
+        while _give_up_after(seconds, cap, tries) < patience:
+            tries = math.ceil(tries * patience / _give_up_after(seconds, cap, tries))
+        defaults.update(initial_backoff=seconds, backoff_cap=cap, max_tries_per_object=tries)
 
 
 def pull_backoff() -> float | None:

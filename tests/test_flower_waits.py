@@ -19,7 +19,12 @@ def flower(monkeypatch):
     """Flower's module state as it was after the test: the loop's ``time``, the defaults."""
     monkeypatch.setattr(loop, "time", loop.time)
     for fn in (objects.pull_objects, objects.pull_and_inflate_object_from_tree):
-        monkeypatch.setitem(fn.__kwdefaults__, "initial_backoff", 1)
+        for key, value in (
+            ("initial_backoff", 1),
+            ("backoff_cap", 10),
+            ("max_tries_per_object", 500),
+        ):
+            monkeypatch.setitem(fn.__kwdefaults__, key, value)
     return monkeypatch
 
 
@@ -73,6 +78,31 @@ def test_a_missing_object_is_retried_after_the_shortened_backoff(flower):
     assert defaults["initial_backoff"] == 0.02  # the ClientApp's pull of its message
 
 
+def test_later_retries_grow_to_twice_the_first_and_the_pull_is_as_patient_as_flowers(flower):
+    """An object that arrives late is asked for again at most 2 x the first wait later (with
+    Flower's growth, waits of 0.2, 0.4, 0.8 s put rounds 1.4 s apart), and a pull still gives
+    up no sooner than Flower's: 500 retries growing from 1 s to 10 s, ~83 min."""
+    asked = []
+
+    def pull(object_id):
+        asked.append(time.monotonic())
+        if len(asked) < 6:
+            raise objects.ObjectUnavailableError(object_id)
+        return b"content"
+
+    cap_pull_backoff(0.02)
+    assert objects.pull_objects(["a"], pull) == {"a": b"content"}
+    gaps = [b - a for a, b in zip(asked, asked[1:])]
+    assert len(gaps) == 5 and max(gaps) < 0.04 * 1.2 + 0.03  # 0.02, 0.04, 0.04... +- 20%
+    defaults = objects.pull_objects.__kwdefaults__
+    assert defaults["backoff_cap"] == 0.04
+    waits = [min(0.02 * 2 ** min(k, 60), 0.04) for k in range(defaults["max_tries_per_object"])]
+    flowers = [min(2 ** min(k, 60), 10) for k in range(500)]
+    assert sum(waits) >= sum(flowers) > 80 * 60
+    cap_pull_backoff(0.02)  # again: from Flower's own settings, not from the shortened ones
+    assert defaults["max_tries_per_object"] == len(waits)
+
+
 def test_a_flower_without_these_waits_is_refused_naming_what_changed(flower):
     flower.setattr(loop, "time", object())
     with pytest.raises(RuntimeError, match="does not import `time`"):
@@ -81,6 +111,9 @@ def test_a_flower_without_these_waits_is_refused_naming_what_changed(flower):
     flower.setattr(flower_waits.inspect, "getsource", lambda module: "time.sleep(5)")
     with pytest.raises(RuntimeError, match="no longer sleeps 3 s"):
         cap_supernode_polls(0.2)
+    flower.delitem(objects.pull_objects.__kwdefaults__, "backoff_cap")
+    with pytest.raises(RuntimeError, match="has no `backoff_cap`"):
+        cap_pull_backoff(0.2)
     flower.delitem(objects.pull_objects.__kwdefaults__, "initial_backoff")
     with pytest.raises(RuntimeError, match="has no `initial_backoff`"):
         cap_pull_backoff(0.2)
