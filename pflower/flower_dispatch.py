@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import inspect
 
+from flwr.supercore.date import now
+
 #: what Flower 1.41's ``InMemoryLinkState.get_message_ins`` does, as its source says it
 _FLOWER_SOURCE_MARKS = (
     "for msg_id in list(self.message_ins_store.keys()):",
@@ -40,15 +42,14 @@ _FLOWER_SOURCE_MARKS = (
 
 
 def _link_state():
-    from flwr.server.superlink.linkstate import in_memory_linkstate as module
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
-    return module, module.InMemoryLinkState
+    return InMemoryLinkState
 
 
 def get_message_ins(self, node_id: int, limit: int | None, *, run_id: int | None = None):
     """``InMemoryLinkState.get_message_ins`` through an index of the stored messages by
     destination node (``index_message_dispatch``)."""
-    module, _ = _link_state()
     if limit is not None and limit < 1:
         raise AssertionError("`limit` must be >= 1")
     found = []
@@ -72,7 +73,7 @@ def get_message_ins(self, node_id: int, limit: int | None, *, run_id: int | None
                 found.append(msg)
             if limit and len(found) == limit:
                 break
-    delivered_at = module.now().isoformat()
+    delivered_at = now().isoformat()  # Flower's clock, as its own method reads it
     for msg in found:
         msg.metadata.delivered_at = delivered_at
     return found
@@ -84,7 +85,7 @@ get_message_ins._pflower_indexed = True
 def index_message_dispatch() -> None:
     """Flower's in-memory link state, in this process, finds a node's messages through an
     index by destination node (``get_message_ins`` above); idempotent."""
-    _, state = _link_state()
+    state = _link_state()
     current = state.get_message_ins
     if getattr(current, "_pflower_indexed", False):
         return
@@ -101,7 +102,7 @@ def index_message_dispatch() -> None:
 
 def restore_message_dispatch() -> None:
     """Flower's own ``get_message_ins`` again (tests)."""
-    _, state = _link_state()
+    state = _link_state()
     original = state.__dict__.get("_flower_get_message_ins")
     if original is not None:
         state.get_message_ins = original

@@ -90,14 +90,28 @@ BACKOFF_GROWTH = 2
 _FLOWERS: dict = {}
 
 
+def _ramp(initial: float, cap: float) -> list[float]:
+    """The waits before the first one at ``cap``: ``initial``, doubling, while below it."""
+    waits, delay = [], initial
+    while delay < cap:
+        waits.append(delay)
+        delay *= 2
+    return waits
+
+
 def _give_up_after(initial: float, cap: float, tries: int) -> float:
     """How long a pull waits for a missing object before it gives up: ``tries`` retries, the
     wait doubling from ``initial`` up to ``cap`` (Flower 1.41: 1 s, 10 s, 500 tries: ~83 min)."""
-    total, delay = 0.0, initial
-    for _ in range(tries):
-        total += delay
-        delay = min(delay * 2, cap)
-    return total
+    ramp = _ramp(initial, cap)[:tries]
+    return sum(ramp) + (tries - len(ramp)) * cap
+
+
+def _tries_for(initial: float, cap: float, patience: float) -> int:
+    """The fewest retries, from ``initial`` doubling up to ``cap``, that wait ``patience``."""
+    ramp = _ramp(initial, cap)
+    if sum(ramp) >= patience:
+        return next(k for k in range(1, len(ramp) + 1) if sum(ramp[:k]) >= patience)
+    return len(ramp) + math.ceil((patience - sum(ramp)) / cap)
 
 
 def cap_pull_backoff(seconds: float) -> None:
@@ -130,11 +144,8 @@ def cap_pull_backoff(seconds: float) -> None:
                 defaults["max_tries_per_object"],
             ),
         )
-        patience = _give_up_after(*flowers)
         cap = min(BACKOFF_GROWTH * seconds, flowers[1])
-        tries = flowers[2]
-        while _give_up_after(seconds, cap, tries) < patience:
-            tries = math.ceil(tries * patience / _give_up_after(seconds, cap, tries))
+        tries = max(flowers[2], _tries_for(seconds, cap, _give_up_after(*flowers)))
         defaults.update(initial_backoff=seconds, backoff_cap=cap, max_tries_per_object=tries)
 
 
