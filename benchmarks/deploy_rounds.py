@@ -157,6 +157,18 @@ def main(argv=None) -> dict:
     )
     p.add_argument("--workdir", default=None)
     p.add_argument(
+        "--superlink-state",
+        choices=["sqlite", "memory"],
+        default="sqlite",
+        help="the SuperLink's state: the kit's SQLite file (default) or Flower's memory",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads per SuperNode's ClientApps (default: the kit's share of the cores)",
+    )
+    p.add_argument(
         "--join-leave",
         action="store_true",
         help="the last SuperNode joins after round 2, SuperNode 0 leaves then (SIGTERM)",
@@ -180,7 +192,8 @@ def main(argv=None) -> dict:
         run[key] = json.loads(value) if re.fullmatch(r"-?[\d.e+-]+", value) else value
     fed = Federation(
         work / "fed", supernodes=args.supernodes, port=_free_port(), warm=args.warm,
-        poll_interval=args.poll_interval,
+        poll_interval=args.poll_interval, superlink_state=args.superlink_state,
+        threads=args.threads,
     )  # fmt: skip
     started = time.monotonic()
     try:
@@ -244,6 +257,8 @@ def main(argv=None) -> dict:
         "supernodes": args.supernodes,
         "warm": args.warm,
         "poll_interval": args.poll_interval,
+        "superlink_state": args.superlink_state,
+        "threads_per_supernode": fed.threads_per_node,
         "run_config": args.run_config,
         "rounds": args.rounds,
         "round_s": [round(s, 2) for s in rounds],

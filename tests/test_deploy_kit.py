@@ -241,3 +241,74 @@ def test_up_waits_out_a_dead_node_s_session_then_reports_the_node_started(
         assert deploy.alive(pid)
     finally:
         deploy.Federation(fed.root).stop_all()
+
+
+def test_the_superlink_s_state_is_its_database_file_or_flower_s_memory(tmp_path):
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
+
+    from pflower.deploy import flower_cli
+
+    assert flower_cli.FLWR_IN_MEMORY_DB_NAME == FLWR_IN_MEMORY_DB_NAME  # Flower's own word
+    on_disk = flower_cli.superlink_command(tmp_path, 9094, tmp_path / "superlink.db")
+    in_memory = flower_cli.superlink_command(tmp_path, 9094, None)
+    assert on_disk[on_disk.index("--database") + 1] == str(tmp_path / "superlink.db")
+    assert in_memory[in_memory.index("--database") + 1] == FLWR_IN_MEMORY_DB_NAME
+    with pytest.raises(ValueError, match="superlink_state 'redis': must be one of"):
+        deploy.Federation(tmp_path, superlink_state="redis")
+    with pytest.raises(ValueError, match="threads 0: must be >= 1"):
+        deploy.Federation(tmp_path, threads=0)
+    with pytest.raises(SystemExit):
+        deploy.main(["up", "--dir", str(tmp_path), "--superlink-state", "redis"])
+
+
+def test_supernodes_on_one_machine_share_its_cores(tmp_path, monkeypatch):
+    """Each SuperNode's processes get the cores divided among the SuperNodes as their thread
+    count (torch's OpenMP, numpy's BLAS), at least one; a count the operator's environment
+    sets is kept, unless ``threads`` is given."""
+    from pflower.deploy import federation
+
+    monkeypatch.setattr(federation, "cores", lambda: 8)
+    for name in federation.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for supernodes, share in ((1, 8), (2, 4), (3, 2), (8, 1), (20, 1)):
+        env = deploy.Federation(tmp_path, supernodes=supernodes).node_env
+        assert [env[n] for n in federation.THREAD_VARIABLES] == [str(share)] * 3, supernodes
+    assert deploy.Federation(tmp_path, supernodes=2, threads=3).node_env["OMP_NUM_THREADS"] == "3"
+    monkeypatch.setenv("OMP_NUM_THREADS", "6")
+    env = deploy.Federation(tmp_path, supernodes=2).node_env
+    assert env["OMP_NUM_THREADS"] == "6" and env["OPENBLAS_NUM_THREADS"] == "4"
+    assert deploy.Federation(tmp_path, supernodes=2, threads=1).node_env["OMP_NUM_THREADS"] == "1"
+    # the SuperLink and the gateway are not SuperNodes: their environment is the operator's
+    assert deploy.Federation(tmp_path, supernodes=2).env["OMP_NUM_THREADS"] == "6"
+    assert "OPENBLAS_NUM_THREADS" not in deploy.Federation(tmp_path, supernodes=2).env
+
+
+def test_a_superlink_in_memory_comes_up_registers_keys_and_leaves_no_database(tmp_path):
+    """``superlink_state="memory"``: Flower's SuperLink with ``:flwr-in-memory:`` answers the
+    CLI, takes a SuperNode's key (listed as registered; a second registration is refused as
+    a key in use, which ``register`` accepts), and writes no ``superlink.db``."""
+    import socket
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fed = deploy.Federation(tmp_path / "fed", supernodes=1, port=port, superlink_state="memory")
+    try:
+        fed.prepare()
+        fed.start_superlink()
+        pid = int(fed.entries["superlink"]["pid"])
+        fed.register(0)
+        listed = subprocess.run(
+            [str(Path(sys.executable).parent / "flwr"), "supernode", "ls", fed.name,
+             "--format", "json"],
+            env=fed.env, capture_output=True, text=True, timeout=60,
+        ).stdout  # fmt: skip
+        nodes = json.loads(listed)["nodes"]
+        assert len(nodes) == 1 and nodes[0]["status"] == "registered", nodes
+        assert deploy.ALREADY_REGISTERED in fed.register(0).lower()
+        assert not (fed.root / "superlink.db").exists()
+    finally:
+        fed.stop_all()
+    assert _gone(pid)

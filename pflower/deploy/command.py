@@ -70,6 +70,21 @@ def main(argv: list[str] | None = None) -> None:
         "(pflower.deploy.supernode; default: Flower's own 3 s). 0.2: a round waits ~0.1 s "
         "for its SuperNodes instead of ~1.5 s, for one request per node every 0.2 s",
     )
+    up.add_argument(
+        "--superlink-state",
+        choices=["sqlite", "memory"],
+        default="sqlite",
+        help="where the SuperLink keeps runs, registered keys and messages: <dir>/superlink.db "
+        "(a restarted SuperLink resumes from it) or Flower's memory (forgotten when it stops; "
+        "a round on the 2-device loopback spends ~2.4x less SuperLink CPU)",
+    )
+    up.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads each SuperNode's ClientApps compute with (default: this machine's cores "
+        "shared out among the SuperNodes, unless OMP_NUM_THREADS etc. are set)",
+    )
     down = sub.add_parser("down", help="stop what 'up' started (<dir>/pids.json, checked)")
     down.add_argument("--dir", default="deploy")
     args = parser.parse_args(argv)
@@ -92,9 +107,12 @@ def main(argv: list[str] | None = None) -> None:
                     f"--poll-interval {args.poll_interval}: must be in [{MIN_WAIT_S}, "
                     f"{FLOWER_IDLE_POLL_S:g}] seconds"
                 )
+        if args.threads is not None and args.threads < 1:
+            parser.error(f"--threads {args.threads}: must be >= 1")
         fed = Federation(
             args.dir, args.supernodes, args.port, warm=args.warm,
-            poll_interval=args.poll_interval,
+            poll_interval=args.poll_interval, superlink_state=args.superlink_state,
+            threads=args.threads,
         )  # fmt: skip
         try:
             fed.up(say=lambda line: print(line, flush=True))

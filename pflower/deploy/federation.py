@@ -35,6 +35,18 @@ HEARTBEAT_WINDOW_S = 65
 SETTLE_S = 8.0
 #: the pause between two starts while the SuperLink still holds a dead node's session
 RETRY_S = 5.0
+#: where the SuperLink keeps its state: a SQLite file (``superlink.db``) or Flower's memory
+SUPERLINK_STATES = ("sqlite", "memory")
+#: the thread counts of what a ClientApp computes with: torch's OpenMP pool, numpy's BLAS
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 class SuperNodeDied(RuntimeError):
@@ -59,8 +71,22 @@ class Federation:
     def __init__(self, root: str | os.PathLike, supernodes: int = 2, port: int = 9093,
                  name: str = "pflower-deployment", fleet_host: str = "127.0.0.1",
                  superlink_port: int | None = None, warm: bool = False,
-                 poll_interval: float | None = None) -> None:  # fmt: skip
+                 poll_interval: float | None = None, superlink_state: str = "sqlite",
+                 threads: int | None = None) -> None:  # fmt: skip
+        if superlink_state not in SUPERLINK_STATES:
+            raise ValueError(
+                f"superlink_state {superlink_state!r}: must be one of {list(SUPERLINK_STATES)}"
+            )
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads {threads}: must be >= 1")
         self.root = Path(root).expanduser().resolve()
+        #: ``sqlite``: the SuperLink's runs, registered keys and messages in ``superlink.db``
+        #: (a restarted SuperLink resumes from it); ``memory``: Flower's in-memory state,
+        #: forgotten when the SuperLink stops, ~2.4x less of its CPU per round (issue 29)
+        self.superlink_state = superlink_state
+        #: each SuperNode's ClientApps compute with this many threads (``THREAD_VARIABLES``);
+        #: ``None``: the machine's cores shared out among its SuperNodes
+        self.threads = threads
         #: each SuperNode with ``--isolation process`` and a warm SuperExec beside it
         #: (``pflower.deploy.warm_exec``: every message in a fork of a process that imported
         #: torch and the app once) instead of a fresh flwr-clientapp process per message
@@ -93,12 +119,28 @@ class Federation:
         }
 
     @property
+    def threads_per_node(self) -> int:
+        """The threads each SuperNode's ClientApps compute with: ``threads``, else this
+        machine's cores shared out among the SuperNodes (at least one)."""
+        return self.threads or max(1, cores() // self.supernodes)
+
+    @property
     def node_env(self) -> dict[str, str]:
         """A SuperNode's and its SuperExec's: the SuperExec asks its SuperNode for a task every
         0.05 s (Flower's default: every second, a second's wait for every message). The
         SuperLink's SuperExec keeps Flower's second: it waits once per run, and at 0.05 s its
-        polls cost the idle SuperLink ~10 CPU-s a minute (measured)."""
-        return {**self.env, "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05"}
+        polls cost the idle SuperLink ~10 CPU-s a minute (measured).
+
+        The SuperNodes share this machine's cores (``threads_per_node``, unless ``threads``
+        is not set and the environment sets a variable itself): torch would give every
+        ClientApp a thread per core, and OpenMP threads that spin on cores other ClientApps
+        hold made a 2-core loopback round's training ~30x slower (issue 29)."""
+        env = {**self.env, "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05"}
+        share = str(self.threads_per_node)
+        for name in THREAD_VARIABLES:
+            if self.threads is not None or name not in os.environ:
+                env[name] = share
+        return env
 
     @property
     def fleet_address(self) -> str:
@@ -147,7 +189,11 @@ class Federation:
     def start_superlink(self, wait: float = 60.0) -> None:
         proc = self._start(
             "superlink",
-            superlink_command(self.creds, self.superlink_port, self.root / "superlink.db"),
+            superlink_command(
+                self.creds,
+                self.superlink_port,
+                self.root / "superlink.db" if self.superlink_state == "sqlite" else None,
+            ),
         )
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:  # ready when the CLI can list its SuperNodes

@@ -13,6 +13,10 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+#: the ``--database`` that gives a SuperLink Flower's in-memory state (Flower 1.41:
+#: ``flwr.supercore.constant.FLWR_IN_MEMORY_DB_NAME``, also its default)
+FLWR_IN_MEMORY_DB_NAME = ":flwr-in-memory:"
+
 
 def executable(name: str) -> str:
     """A Flower executable: next to this Python first (the virtual environment's bin/)."""
@@ -20,12 +24,14 @@ def executable(name: str) -> str:
     return str(here) if here.exists() else (shutil.which(name) or name)
 
 
-def superlink_command(creds: Path, port: int, database: Path) -> list[str]:
+def superlink_command(creds: Path, port: int, database: Path | None) -> list[str]:
     """``flower-superlink`` with TLS and CLI-managed SuperNode authentication (only SuperNodes
     whose public key was registered with ``flwr supernode register`` may connect), bound to
     loopback: Flower 1.41 serves its Control API (register keys, submit runs), Runtime API and
     Fleet API on this one port, so only the operator's machine may reach it; devices reach the
-    Fleet API through the gateway (``gateway``)."""
+    Fleet API through the gateway (``gateway``). ``database``: the SQLite file of its state
+    (runs, registered keys, messages; what a restarted SuperLink resumes from), or ``None``
+    for Flower's in-memory state (``:flwr-in-memory:``, forgotten when it stops)."""
     return [
         executable("flower-superlink"),
         "--ssl-ca-certfile", str(creds / "ca.crt"),
@@ -34,7 +40,7 @@ def superlink_command(creds: Path, port: int, database: Path) -> list[str]:
         "--enable-supernode-auth",
         "--host", "127.0.0.1",
         "--port", str(port),
-        "--database", str(database),
+        "--database", FLWR_IN_MEMORY_DB_NAME if database is None else str(database),
         "--disable-runtime-dependency-installation",
     ]  # fmt: skip
 
