@@ -122,3 +122,57 @@ def test_a_warm_federation_runs_and_equals_local_grid(tmp_path):
     local = run_local({**run, "outputs-dir": str(tmp_path / "local")}, 2).final
     assert deployed["personal-accuracy"] == local["personal-accuracy"]
     assert deployed["clients"] == 2
+
+
+#: in a fresh process, as the zygote and its forks do: a fork loads a client's arrays and hands
+#: them back; the zygote adopts them and the next fork starts with them (prints the calls of
+#: the loading function each fork made, and whether a device's own file came back)
+_HAND_BACK = """
+import json, os, sys
+from pathlib import Path
+import numpy as np
+from pflower.config import Config
+from pflower.deploy.warm_exec import _adopt, _hand_back, warm_up
+from pflower.task.data import loaders
+warm_up()
+calls = Path(sys.argv[1]) / "calls"
+fn = loaders.client_arrays.fn
+def counting(*args):
+    with open(calls, "a") as f:
+        f.write("1")
+    return fn(*args)
+loaders.client_arrays.fn = counting
+node_file = Path(sys.argv[1]) / "node.npz"
+np.savez(node_file, x=np.random.default_rng(0).normal(size=(40, 3)), y=np.arange(40) % 2)
+digits = Config.from_run_config({"dataset": "digits"})
+node = Config.from_run_config({"dataset": "node", "input-shape": "3", "num-classes": 2})
+handed = Path(sys.argv[1]) / "handed.pkl"
+seen = []
+for _ in range(2):
+    known = {k for k, _ in loaders.client_arrays.items()}
+    pid = os.fork()
+    if pid == 0:
+        a = loaders.client_arrays(digits, 1, 3, None)
+        loaders.client_arrays(node, 0, 1, str(node_file))
+        _hand_back(handed, known)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    seen.append(calls.read_text().count("1") if calls.exists() else 0)
+    calls.unlink(missing_ok=True)
+    _adopt(handed)
+keys = [k for k, _ in loaders.client_arrays.items()]
+print(json.dumps({"calls": seen, "kept": [k[0].dataset for k in keys], "left": handed.exists()}))
+"""
+
+
+def test_a_fork_hands_its_data_arrays_back_and_the_next_fork_starts_with_them(tmp_path):
+    """The first fork loads the client's arrays (and a device file's); the zygote adopts the
+    former only, so the second fork loads only the device file again; nothing is left on
+    disk."""
+    done = subprocess.run(
+        [sys.executable, "-c", _HAND_BACK, str(tmp_path)],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.splitlines()[-1])
+    assert said == {"calls": [2, 1], "kept": ["digits"], "left": False}

@@ -17,7 +17,11 @@ SuperNode leaves that to a SuperExec started beside it; this module is that Supe
   before the SuperExec loop starts any thread, which imported torch, Flower and pflower's
   ClientApp once. A fork of it starts in milliseconds, and nothing a task does survives it
   (the same isolation per message as a fresh process: the ClientApp's state is Flower's
-  ``context.state`` or the node's ``state-dir``, never process memory).
+  ``context.state`` or the node's ``state-dir``, never process memory). One thing goes back:
+  the client's data arrays a child loaded (``loaders.client_arrays``, a pure function of the
+  run's config and the partition, ~0.14 s a message on the loopback deployment), which the
+  zygote adds to its cache so that the next fork starts with them, as a simulation worker
+  keeps them between messages (not a device's own file, ``dataset = "node"``: it may change).
 
     python -m pflower.deploy.warm_exec --runtime-api-address 127.0.0.1:9194 \\
         --insecure --parent-pid <the SuperNode's pid>
@@ -36,9 +40,13 @@ import argparse
 import contextlib
 import importlib
 import os
+import pickle
+import shutil
 import signal
 import sys
+import tempfile
 import threading
+from pathlib import Path
 from multiprocessing.connection import Connection, Pipe
 
 from pflower.flower_waits import cap_pull_backoff
@@ -80,11 +88,40 @@ def warm_up() -> None:
             importlib.import_module(name)
 
 
-def _run_task(spec: dict) -> int:
-    """One task, in a forked child: Flower's ``run_clientapp``; its exit code."""
+def _hand_back(path: Path, known: set) -> None:
+    """Write the data arrays this child loaded (not those it inherited, not a device's own
+    file) to ``path``, for the zygote (``_adopt``)."""
+    from pflower.task.data.loaders import client_arrays
+
+    new = [(k, v) for k, v in client_arrays.items() if k not in known and k[0].dataset != "node"]
+    if new:
+        part = path.with_suffix(".part")
+        part.write_bytes(pickle.dumps(new, protocol=pickle.HIGHEST_PROTOCOL))
+        os.replace(part, path)  # whole, or not at all
+
+
+def _adopt(path: Path) -> None:
+    """Add what a finished child handed back (``_hand_back``) to this process's cache."""
+    from pflower.task.data.loaders import client_arrays
+
+    try:
+        items = pickle.loads(path.read_bytes())
+    except FileNotFoundError:
+        return
+    finally:
+        path.unlink(missing_ok=True)
+    client_arrays.adopt(items)
+
+
+def _run_task(spec: dict, hand_back: Path | None = None) -> int:
+    """One task, in a forked child: Flower's ``run_clientapp``; its exit code. With
+    ``hand_back``, the data arrays it loaded are written there (``_hand_back``)."""
     from flwr.supercore.tls import validate_and_resolve_root_certificates
     from flwr.supernode.runtime.run_clientapp import run_clientapp
 
+    from pflower.task.data.loaders import client_arrays
+
+    known = {k for k, _ in client_arrays.items()}
     try:
         run_clientapp(
             runtime_api_address=spec["runtime_api_address"],
@@ -98,6 +135,10 @@ def _run_task(spec: dict) -> int:
         )
     except SystemExit as done:  # run_clientapp ends with Flower's flwr_exit
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    finally:
+        if hand_back is not None:
+            with contextlib.suppress(Exception):  # a cache: the task's result stands without it
+                _hand_back(hand_back, known)
     return 0
 
 
@@ -105,7 +146,15 @@ def _zygote(conn: Connection) -> None:
     """Receive task specs; fork a child per task; reap finished children."""
     warm_up()
     conn.send(threading.active_count())  # ready; 1: no thread a fork could leave locked
+    handed = Path(tempfile.mkdtemp(prefix="pflower-warm-exec-"))  # private (0700)
     children: set[int] = set()
+    try:
+        _serve(conn, children, handed)
+    finally:
+        shutil.rmtree(handed, ignore_errors=True)
+
+
+def _serve(conn: Connection, children: set[int], handed: Path) -> None:
     while True:
         while children:  # reap, without blocking
             try:
@@ -116,6 +165,8 @@ def _zygote(conn: Connection) -> None:
             if pid == 0:
                 break
             children.discard(pid)
+            with contextlib.suppress(Exception):  # a cache: never the zygote's end
+                _adopt(handed / f"{pid}.pkl")
         try:
             if not conn.poll(0.2):
                 continue
@@ -130,7 +181,7 @@ def _zygote(conn: Connection) -> None:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             code = 1
             try:
-                code = _run_task(spec)
+                code = _run_task(spec, handed / f"{os.getpid()}.pkl")
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()

@@ -96,6 +96,21 @@ class _ByteBudgetCache:
             self.entries.clear()
             self.nbytes = 0
 
+    def items(self) -> list[tuple]:
+        """The cached ``(arguments, result)`` pairs, least recently used first."""
+        with self.lock:
+            return list(self.entries.items())
+
+    def adopt(self, items) -> None:
+        """Take ``(arguments, result)`` pairs computed elsewhere (``fn``'s, in a forked
+        ClientApp: ``pflower.deploy.warm_exec``) as if computed here."""
+        with self.lock:
+            for args, value in items:
+                if args not in self.entries:
+                    self.entries[args] = value
+                    self.nbytes += self._size(value)
+            self._trim()
+
 
 @_ByteBudgetCache
 def client_arrays(
