@@ -46,8 +46,8 @@ import signal
 import sys
 import tempfile
 import threading
-from pathlib import Path
 from multiprocessing.connection import Connection, Pipe
+from pathlib import Path
 
 from pflower.flower_waits import cap_pull_backoff
 
