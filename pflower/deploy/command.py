@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         default="sqlite",
         help="where the SuperLink keeps runs, registered keys and messages: <dir>/superlink.db "
         "(a restarted SuperLink resumes from it) or Flower's memory (forgotten when it stops; "
-        "a round on the 2-device loopback spends ~2.4x less SuperLink CPU)",
+        "a round on the 2-device loopback costs the SuperLink about half the CPU)",
     )
     up.add_argument(
         "--threads",

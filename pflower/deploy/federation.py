@@ -82,7 +82,7 @@ class Federation:
         self.root = Path(root).expanduser().resolve()
         #: ``sqlite``: the SuperLink's runs, registered keys and messages in ``superlink.db``
         #: (a restarted SuperLink resumes from it); ``memory``: Flower's in-memory state,
-        #: forgotten when the SuperLink stops, ~2.4x less of its CPU per round (issue 29)
+        #: forgotten when the SuperLink stops, about half its CPU per round (issue 29)
         self.superlink_state = superlink_state
         #: each SuperNode's ClientApps compute with this many threads (``THREAD_VARIABLES``);
         #: ``None``: the machine's cores shared out among its SuperNodes
@@ -134,7 +134,7 @@ class Federation:
         The SuperNodes share this machine's cores (``threads_per_node``, unless ``threads``
         is not set and the environment sets a variable itself): torch would give every
         ClientApp a thread per core, and OpenMP threads that spin on cores other ClientApps
-        hold made a 2-core loopback round's training ~30x slower (issue 29)."""
+        hold made a 2-core loopback message's training ~40x slower (issue 29)."""
         env = {**self.env, "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05"}
         share = str(self.threads_per_node)
         for name in THREAD_VARIABLES:
