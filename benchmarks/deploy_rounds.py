@@ -57,15 +57,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rss_mib(pids: list[int]) -> float:
-    """Resident memory of these processes and all below them, MiB (from /proc)."""
+def _memory_mib(pids: list[int], field: str = "Rss") -> float:
+    """Memory of these processes and all below them, MiB (from /proc): ``Rss``, each
+    process's resident pages, or ``Pss``, with every page shared among N processes counted
+    1/N in each (torch's libraries, which 20 warm SuperExecs map once between them): the sum
+    of ``Pss`` is what the processes take from the machine."""
     from pflower.deploy.processes import descendants
 
     total = 0
     for pid in {p for root in pids for p in (root, *descendants(root))}:
         try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith(f"{field}:"):
                     total += int(line.split()[1])
         except OSError:
             pass
@@ -169,6 +172,13 @@ def main(argv=None) -> dict:
         help="threads per SuperNode's ClientApps (default: the kit's share of the cores)",
     )
     p.add_argument(
+        "--task-poll-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="each SuperExec's task poll (default: the kit's, Federation.task_poll_s)",
+    )
+    p.add_argument(
         "--join-leave",
         action="store_true",
         help="the last SuperNode joins after round 2, SuperNode 0 leaves then (SIGTERM)",
@@ -193,7 +203,7 @@ def main(argv=None) -> dict:
     fed = Federation(
         work / "fed", supernodes=args.supernodes, port=_free_port(), warm=args.warm,
         poll_interval=args.poll_interval, superlink_state=args.superlink_state,
-        threads=args.threads,
+        threads=args.threads, task_poll_interval=args.task_poll_interval,
     )  # fmt: skip
     started = time.monotonic()
     try:
@@ -204,8 +214,8 @@ def main(argv=None) -> dict:
             for k, e in fed.entries.items()
             if k.startswith(("supernode", "warm-exec"))
         ]
-        idle_mib = _rss_mib(supernodes)
         time.sleep(args.settle_seconds)  # the warm SuperExecs' zygotes import torch first
+        idle_mib = {f: _memory_mib(supernodes, f) for f in ("Rss", "Pss")}
         idle = {k: int(e["pid"]) for k, e in fed.entries.items()}
         cpu0 = {k: _cpu_s([pid]) for k, pid in idle.items()}
         time.sleep(args.idle_seconds)
@@ -219,9 +229,9 @@ def main(argv=None) -> dict:
         if args.join_leave:  # the last node is not there when the run starts
             fed.stop(f"supernode-{late}")
         labels = {k: int(e["pid"]) for k, e in fed.entries.items()}
-        everything = list(labels.values())
         by_label0 = {k: _cpu_s([pid]) for k, pid in labels.items()}
-        t0, cpu_run0 = time.monotonic(), _cpu_s(everything)
+        gone: dict[str, float] = {}  # label -> its CPU when it was stopped mid-run
+        t0 = time.monotonic()
         if not args.join_leave:
             done = fed.run(run, ROOT, timeout=1800)
             failed = done.returncode != 0 and done.stdout[-3000:] + done.stderr[-3000:]
@@ -230,14 +240,25 @@ def main(argv=None) -> dict:
             _wait_for(fed.logs / "run.log", r"round +2/\d+ \|", proc)
             fed.start_supernodes([late])
             events.append(f"supernode-{late} joined after round 2 ({time.monotonic() - t0:.0f} s)")
+            for k, e in fed.entries.items():  # the joiner (and its warm SuperExec): all its
+                if k not in labels:  # CPU is the run's
+                    labels[k], by_label0[k] = int(e["pid"]), 0.0
+            for k in ("supernode-0", "warm-exec-0"):  # the leaver's CPU, read before it goes
+                if k in labels:
+                    gone[k] = _cpu_s([labels[k]])
             fed.stop("supernode-0")
             events.append(f"supernode-0 left after round 2 ({time.monotonic() - t0:.0f} s)")
             failed = proc.wait(1800) != 0 and (fed.logs / "run.log").read_text()[-3000:]
-        run_s, run_cpu = time.monotonic() - t0, _cpu_s(everything) - cpu_run0
-        by_label = {k: round(_cpu_s([pid]) - by_label0[k], 1) for k, pid in labels.items()}
-        busy_mib = _rss_mib(
-            [int(e["pid"]) for k, e in fed.entries.items() if k.startswith("supernode")]
-        )
+        run_s = time.monotonic() - t0
+        final = {k: gone[k] if k in gone else _cpu_s([pid]) for k, pid in labels.items()}
+        by_label = {k: round(final[k] - by_label0[k], 1) for k in labels}
+        run_cpu = sum(final[k] - by_label0[k] for k in labels)
+        nodes_now = [
+            int(e["pid"])
+            for k, e in fed.entries.items()
+            if k.startswith(("supernode", "warm-exec"))
+        ]
+        busy_mib = {f: _memory_mib(nodes_now, f) for f in ("Rss", "Pss")}
         if failed:
             raise SystemExit(failed)
     finally:
@@ -259,6 +280,7 @@ def main(argv=None) -> dict:
         "poll_interval": args.poll_interval,
         "superlink_state": args.superlink_state,
         "threads_per_supernode": fed.threads_per_node,
+        "task_poll_s": fed.task_poll_s,
         "run_config": args.run_config,
         "rounds": args.rounds,
         "round_s": [round(s, 2) for s in rounds],
@@ -274,9 +296,13 @@ def main(argv=None) -> dict:
         "run_cpu_s": round(run_cpu, 1),
         "run_cpu_s_by_process": by_label,
         "up_s": round(up_s, 1),
-        "supernode_rss_mib_idle": round(idle_mib, 1),
-        "supernode_rss_mib_after_run": round(busy_mib, 1),
-        "per_supernode_rss_mib_idle": round(idle_mib / args.supernodes, 1),
+        # the SuperNodes with their SuperExecs (warm ones included) and whatever runs below
+        "supernode_rss_mib_idle": round(idle_mib["Rss"], 1),
+        "supernode_rss_mib_after_run": round(busy_mib["Rss"], 1),
+        "per_supernode_rss_mib_idle": round(idle_mib["Rss"] / args.supernodes, 1),
+        "supernode_pss_mib_idle": round(idle_mib["Pss"], 1),
+        "supernode_pss_mib_after_run": round(busy_mib["Pss"], 1),
+        "per_supernode_pss_mib_idle": round(idle_mib["Pss"] / args.supernodes, 1),
         "idle_cpu_s_per_minute": round(sum(idle_cpu.values()), 2) if idle_cpu else None,
         "idle_cpu_s_per_minute_by_process": idle_cpu,
     }

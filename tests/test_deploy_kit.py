@@ -312,3 +312,57 @@ def test_a_superlink_in_memory_comes_up_registers_keys_and_leaves_no_database(tm
     finally:
         fed.stop_all()
     assert _gone(pid)
+
+
+def test_superexec_task_polls_stretch_with_supernodes_per_core(tmp_path, monkeypatch, capsys):
+    """Each SuperExec asks its SuperNode for a task every 0.05 s while the SuperNodes fit the
+    cores, and proportionally less often beyond (20 nodes on 2 cores: 0.5 s), through
+    Flower's own variable, which Flower's SuperExec reads as that many seconds; a chosen
+    interval is used as it is, and one outside Flower's [0.01, 60] s is refused by the kit
+    and by ``deploy up`` with the flag's name."""
+    from flwr.supercore.superexec import run_superexec as flower
+
+    from pflower.deploy import federation
+
+    var = federation.TASK_POLL_VARIABLE
+    assert var == flower._TASK_POLL_INTERVAL_ENV
+    assert (federation.MIN_TASK_POLL_S, federation.MAX_TASK_POLL_S) == (
+        flower._MIN_TASK_POLL_INTERVAL_SECONDS,
+        flower._MAX_TASK_POLL_INTERVAL_SECONDS,
+    )
+    monkeypatch.setattr(federation, "cores", lambda: 2)
+    for supernodes, seconds in ((1, 0.05), (2, 0.05), (3, 0.075), (4, 0.1), (20, 0.5), (200, 5.0)):
+        fed = deploy.Federation(tmp_path, supernodes=supernodes)
+        assert fed.task_poll_s == seconds, supernodes
+        monkeypatch.setenv(var, fed.node_env[var])
+        assert flower._get_task_poll_interval() == seconds
+    chosen = deploy.Federation(tmp_path, supernodes=20, task_poll_interval=0.05)
+    assert chosen.node_env[var] == "0.05"
+    monkeypatch.delenv(var)
+    assert var not in deploy.Federation(tmp_path).env  # the SuperLink's keeps Flower's 1 s
+    for bad in (0.001, 100.0):
+        with pytest.raises(ValueError, match=f"task_poll_interval {bad}: must be in"):
+            deploy.Federation(tmp_path, task_poll_interval=bad)
+    with pytest.raises(SystemExit):
+        deploy.main(["up", "--dir", str(tmp_path), "--task-poll-interval", "0"])
+    assert "--task-poll-interval 0.0: must be in [0.01, 60] seconds" in capsys.readouterr().err
+
+
+def test_a_supernode_s_runtime_port_is_another_free_one_where_its_own_is_taken(tmp_path):
+    """SuperNode i's Runtime API (its SuperExec's) is on ``port + 100 + i`` unless something
+    holds that port (an outgoing connection of the ephemeral range, say): then on a port
+    the system hands out, which is free, and not the taken one."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        base = probe.getsockname()[1] - 100  # port + 100 + 0 is the one held below
+    fed = deploy.Federation(tmp_path, supernodes=2, port=base)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", base + 100))
+        holder.listen()
+        moved = fed.runtime_port(0)
+        assert moved != base + 100
+        with socket.socket() as check:  # free: a server can bind it
+            check.bind(("127.0.0.1", moved))
+    assert fed.runtime_port(0) == base + 100  # its own again once free

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -39,6 +40,12 @@ RETRY_S = 5.0
 SUPERLINK_STATES = ("sqlite", "memory")
 #: the thread counts of what a ClientApp computes with: torch's OpenMP pool, numpy's BLAS
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+#: a SuperExec's task poll (seconds) while there are no more SuperNodes than cores
+TASK_POLL_S = 0.05
+#: Flower's variable for a SuperExec's task poll, and the range its SuperExec accepts
+#: (``flwr/supercore/superexec/run_superexec.py``; Flower's own default is 1 s)
+TASK_POLL_VARIABLE = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+MIN_TASK_POLL_S, MAX_TASK_POLL_S = 0.01, 60.0
 
 
 def cores() -> int:
@@ -61,7 +68,8 @@ class Federation:
 
     Addresses: the SuperLink on ``127.0.0.1:superlink_port`` (Control, Runtime and Fleet
     APIs: the operator's side), the gateway on ``fleet_host:port`` (the Fleet API only: what
-    the devices reach), SuperNode i's own Runtime API on ``127.0.0.1:port + 100 + i``.
+    the devices reach), SuperNode i's own Runtime API on ``127.0.0.1:port + 100 + i``
+    (another free port where that one is taken: ``runtime_port``).
 
     Layout under ``root``: ``credentials/``, ``flwr-home/`` (the ``flwr`` CLI's
     configuration, with the connection ``name``), ``supernode-<i>/state`` (each device's
@@ -72,13 +80,21 @@ class Federation:
                  name: str = "pflower-deployment", fleet_host: str = "127.0.0.1",
                  superlink_port: int | None = None, warm: bool = False,
                  poll_interval: float | None = None, superlink_state: str = "sqlite",
-                 threads: int | None = None) -> None:  # fmt: skip
+                 threads: int | None = None,
+                 task_poll_interval: float | None = None) -> None:  # fmt: skip
         if superlink_state not in SUPERLINK_STATES:
             raise ValueError(
                 f"superlink_state {superlink_state!r}: must be one of {list(SUPERLINK_STATES)}"
             )
         if threads is not None and threads < 1:
             raise ValueError(f"threads {threads}: must be >= 1")
+        if task_poll_interval is not None and not (
+            MIN_TASK_POLL_S <= task_poll_interval <= MAX_TASK_POLL_S
+        ):
+            raise ValueError(
+                f"task_poll_interval {task_poll_interval}: must be in "
+                f"[{MIN_TASK_POLL_S}, {MAX_TASK_POLL_S:g}] seconds"
+            )
         self.root = Path(root).expanduser().resolve()
         #: ``sqlite``: the SuperLink's runs, registered keys and messages in ``superlink.db``
         #: (a restarted SuperLink resumes from it); ``memory``: Flower's in-memory state,
@@ -94,6 +110,8 @@ class Federation:
         #: each SuperNode's loop waits at most this many seconds between its checks for a
         #: message (``pflower.deploy.supernode``); ``None``: Flower's own 3 s
         self.poll_interval = poll_interval
+        #: how often each SuperNode's SuperExec asks it for a task; ``None``: ``task_poll_s``
+        self.task_poll_interval = task_poll_interval
         self.supernodes, self.port, self.name = supernodes, port, name
         self.fleet_host = fleet_host
         self.superlink_port = superlink_port or port + 1
@@ -125,17 +143,33 @@ class Federation:
         return self.threads or max(1, cores() // self.supernodes)
 
     @property
+    def task_poll_s(self) -> float:
+        """How often each SuperNode's SuperExec asks its SuperNode for a task (Flower's
+        ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``; Flower's default is a second, a second's wait
+        for every message): ``task_poll_interval``, else ``TASK_POLL_S`` while there are no
+        more SuperNodes than cores, and beyond that ``TASK_POLL_S`` x SuperNodes / cores.
+
+        Every ask costs CPU on both sides even when there is nothing to do: at 0.05 s an
+        idle SuperNode and its warm SuperExec spent ~10 CPU-s a minute between them, so 20
+        of them on a 2-core machine took more than its cores before any message (rounds of
+        11-12 s for 0.03 s of work; issue 29). Stretched with the nodes per core, the idle
+        federation's asks cost a core what one node's cost."""
+        if self.task_poll_interval is not None:
+            return self.task_poll_interval
+        per_core = self.supernodes / cores()
+        return round(min(MAX_TASK_POLL_S, TASK_POLL_S * max(1.0, per_core)), 3)
+
+    @property
     def node_env(self) -> dict[str, str]:
-        """A SuperNode's and its SuperExec's: the SuperExec asks its SuperNode for a task every
-        0.05 s (Flower's default: every second, a second's wait for every message). The
-        SuperLink's SuperExec keeps Flower's second: it waits once per run, and at 0.05 s its
-        polls cost the idle SuperLink ~10 CPU-s a minute (measured).
+        """A SuperNode's and its SuperExec's: the SuperExec's task poll (``task_poll_s``).
+        The SuperLink's SuperExec keeps Flower's second: it waits once per run, and at
+        0.05 s its polls cost the idle SuperLink ~10 CPU-s a minute (measured).
 
         The SuperNodes share this machine's cores (``threads_per_node``, unless ``threads``
         is not set and the environment sets a variable itself): torch would give every
         ClientApp a thread per core, and OpenMP threads that spin on cores other ClientApps
         hold made a 2-core loopback message's training ~40x slower (issue 29)."""
-        env = {**self.env, "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05"}
+        env = {**self.env, TASK_POLL_VARIABLE: f"{self.task_poll_s:g}"}
         share = str(self.threads_per_node)
         for name in THREAD_VARIABLES:
             if self.threads is not None or name not in os.environ:
@@ -244,18 +278,33 @@ class Federation:
             "state-dir": str(self.state_dir(i)),
             **node_config,
         }
+        runtime_port = self.runtime_port(i)
         command = supernode_command(
             self.creds, f"supernode-{i if key is None else key}", self.fleet_address,
-            self.port + 100 + i, config, self.poll_interval,
+            runtime_port, config, self.poll_interval,
         )  # fmt: skip
         if not self.warm:
             return self._start(f"supernode-{i}", command)
         proc = self._start(f"supernode-{i}", [*command, "--isolation", "process"])
-        self._start(
-            f"warm-exec-{i}",
-            warm_exec_command(self.port + 100 + i, proc.pid, self.poll_interval),
-        )
+        self._start(f"warm-exec-{i}", warm_exec_command(runtime_port, proc.pid, self.poll_interval))
         return proc
+
+    def runtime_port(self, i: int) -> int:
+        """SuperNode ``i``'s own Runtime API port (its SuperExec's, on loopback):
+        ``port + 100 + i`` where that is free, else one the system hands out. A port in
+        the ephemeral range may be held by an outgoing connection, the federation's own
+        among them (20 SuperNodes polling open many): a node that joined mid-run found its
+        port taken and exited ("address already in use"; issue 29)."""
+        wanted = self.port + 100 + i
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", wanted))
+                return wanted
+            except OSError:
+                pass
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
 
     def restart_supernode(self, i: int, timeout: float = 2 * HEARTBEAT_WINDOW_S, **node_config):
         """Start SuperNode ``i`` again after it died (``start_supernodes``: once it is alive

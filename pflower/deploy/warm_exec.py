@@ -28,10 +28,12 @@ SuperNode leaves that to a SuperExec started beside it; this module is that Supe
 
 ``pflower deploy up --warm`` (``Federation(warm=True)``) starts one beside every SuperNode.
 The polling interval of the loop is Flower's ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``
-(default 1 s); the deployment kit sets 0.05 s. The SuperNode hands a task out as soon as it
-has the message, before the message's arrays have arrived, so a ClientApp often asks for an
-object that is not there yet and Flower then waits 1 s (then 2, 4...) before it asks again;
-``--poll-interval`` shortens that first wait (``pflower.flower_waits``).
+(default 1 s); the deployment kit sets 0.05 s, longer where more SuperNodes than cores
+share the machine (``Federation.task_poll_s``, ``deploy up --task-poll-interval``). The
+SuperNode hands a task out as soon as it has the message, before the message's arrays have
+arrived, so a ClientApp often asks for an object that is not there yet and Flower then
+waits 1 s (then 2, 4...) before it asks again; ``--poll-interval`` shortens that first wait
+(``pflower.flower_waits``).
 """
 
 from __future__ import annotations
