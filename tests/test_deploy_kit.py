@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 import tomllib
 
@@ -172,7 +173,8 @@ def test_flower_s_words_without_the_box_or_the_log_around_them():
 def _fake_flower(tmp_path, monkeypatch, supernode: str) -> None:
     """``deploy up`` without Flower: SuperLink and gateway are ``sleep``s, ``flwr supernode
     register`` answers as for a key registered before, ``flower-supernode`` runs the bash
-    ``supernode``; a SuperNode counts as started after 0.5 s instead of ``SETTLE_S``."""
+    ``supernode``; a SuperNode counts as started after 0.5 s instead of ``SETTLE_S``, and
+    one that never listens after 1 s instead of ``READY_S``."""
     from pflower.deploy import federation, flower_cli
 
     bin_dir = tmp_path / "bin"
@@ -186,6 +188,7 @@ def _fake_flower(tmp_path, monkeypatch, supernode: str) -> None:
         (bin_dir / name).chmod(0o755)
     monkeypatch.setattr(flower_cli, "executable", lambda name: str(bin_dir / name))
     monkeypatch.setattr(federation, "SETTLE_S", 0.5)
+    monkeypatch.setattr(federation, "READY_S", 1.0)
     monkeypatch.setattr(federation, "RETRY_S", 0.1)
     monkeypatch.setattr(
         federation.Federation,
@@ -366,3 +369,38 @@ def test_a_supernode_s_runtime_port_is_another_free_one_where_its_own_is_taken(t
         with socket.socket() as check:  # free: a server can bind it
             check.bind(("127.0.0.1", moved))
     assert fed.runtime_port(0) == base + 100  # its own again once free
+
+
+def test_a_supernode_whose_port_was_taken_at_its_bind_starts_again_on_another(
+    tmp_path, monkeypatch, capsys
+):
+    """Between ``runtime_port``'s look and the SuperNode's bind another process may take
+    the port (uvicorn: "address already in use", and the node exits): the node is started
+    again at once on another port, and counts as started once it listens there."""
+    import socket
+
+    once = tmp_path / "taken-once"
+    listen = (
+        "import socket, sys, time; s = socket.socket(); "
+        "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); time.sleep(73)"
+    )
+    taken_then_listening = (
+        "port=$(echo \"$@\" | grep -o -- '--port [0-9]*' | cut -d' ' -f2); "
+        f'if [ -e {once} ]; then exec {sys.executable} -c "{listen}" "$port"; fi; '
+        f"touch {once}; echo \"ERROR:    [Errno 98] error while attempting to bind on "
+        "address ('127.0.0.1', $port): address already in use\"; exit 1"
+    )
+    _fake_flower(tmp_path, monkeypatch, taken_then_listening)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        base = probe.getsockname()[1] - 100
+    fed = deploy.Federation(tmp_path / "fed", supernodes=1, port=base)
+    fed.logs.mkdir(parents=True)
+    try:
+        (proc,) = fed.start_supernodes([0]).values()
+        assert proc.poll() is None and once.exists()
+        assert fed.runtime_ports[0] != base + 100  # the taken one is not tried again
+        assert fed.listening(0)
+        assert "address already in use" in (fed.logs / "supernode-0.log").read_text()
+    finally:
+        fed.stop_all()

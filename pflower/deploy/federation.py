@@ -34,6 +34,10 @@ HEARTBEAT_WINDOW_S = 65
 #: how long a SuperNode must stay up before it counts as started: one Flower refuses
 #: (activation, TLS, its key) exits within a few seconds of its start
 SETTLE_S = 8.0
+#: at most this long (s) for a started SuperNode's Runtime API to listen
+READY_S = 60.0
+#: what a process says when the port it binds is held (uvicorn's words, as Python's)
+PORT_TAKEN = "address already in use"
 #: the pause between two starts while the SuperLink still holds a dead node's session
 RETRY_S = 5.0
 #: where the SuperLink keeps its state: a SQLite file (``superlink.db``) or Flower's memory
@@ -112,6 +116,9 @@ class Federation:
         self.poll_interval = poll_interval
         #: how often each SuperNode's SuperExec asks it for a task; ``None``: ``task_poll_s``
         self.task_poll_interval = task_poll_interval
+        #: SuperNode index -> its Runtime API port (``runtime_port``); ports found taken
+        self.runtime_ports: dict[int, int] = {}
+        self._taken: set[int] = set()
         self.supernodes, self.port, self.name = supernodes, port, name
         self.fleet_host = fleet_host
         self.superlink_port = superlink_port or port + 1
@@ -278,7 +285,7 @@ class Federation:
             "state-dir": str(self.state_dir(i)),
             **node_config,
         }
-        runtime_port = self.runtime_port(i)
+        runtime_port = self.runtime_ports[i] = self.runtime_port(i)
         command = supernode_command(
             self.creds, f"supernode-{i if key is None else key}", self.fleet_address,
             runtime_port, config, self.poll_interval,
@@ -294,17 +301,31 @@ class Federation:
         ``port + 100 + i`` where that is free, else one the system hands out. A port in
         the ephemeral range may be held by an outgoing connection, the federation's own
         among them (20 SuperNodes polling open many): a node that joined mid-run found its
-        port taken and exited ("address already in use"; issue 29)."""
+        port taken and exited ("address already in use"; issue 29). ``start_supernodes``
+        starts such a node again on another port (``_taken``)."""
         wanted = self.port + 100 + i
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", wanted))
-                return wanted
-            except OSError:
-                pass
+        if wanted not in self._taken:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", wanted))
+                    return wanted
+                except OSError:
+                    pass
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
+
+    def listening(self, i: int) -> bool:
+        """Whether SuperNode ``i``'s Runtime API accepts connections (the first thing a
+        SuperNode starts: it is up, and the port is its own)."""
+        port = self.runtime_ports.get(i)
+        if port is None:
+            return False
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        except OSError:
+            return False
+        return True
 
     def restart_supernode(self, i: int, timeout: float = 2 * HEARTBEAT_WINDOW_S, **node_config):
         """Start SuperNode ``i`` again after it died (``start_supernodes``: once it is alive
@@ -316,24 +337,32 @@ class Federation:
         self, indices, timeout: float = 2 * HEARTBEAT_WINDOW_S, **node_config
     ) -> dict[int, subprocess.Popen]:
         """Start SuperNodes ``indices`` and return once each is still alive ``SETTLE_S``
-        after its start: a node Flower refuses exits within seconds, and ``up`` must not
-        call it started.
+        after its start and its Runtime API listens (within ``READY_S``): a node Flower
+        refuses exits within seconds, one whose port was taken exits when it binds it (20
+        SuperNodes starting on 2 cores took longer than ``SETTLE_S`` to get there), and
+        ``up`` must not call either started.
 
         A node killed without signing off (kill -9, power loss) keeps its session on the
         SuperLink until Flower's heartbeat lapses (``HEARTBEAT_WINDOW_S``); until then Flower
         refuses the key ("Failed to activate SuperNode", the same words as for an
         unregistered key) and the new node exits. Say so, and start it again every
-        ``RETRY_S`` until ``timeout``. A node that dies for any other reason, or still after
-        ``timeout``, raises ``SuperNodeDied`` with Flower's message from its log
-        (``flower_error``)."""
+        ``RETRY_S`` until ``timeout``. A node whose Runtime API port was taken between
+        ``runtime_port``'s look and its bind starts again at once on another port. A node
+        that dies for any other reason, or still after ``timeout``, raises
+        ``SuperNodeDied`` with Flower's message from its log (``flower_error``)."""
         deadline = time.monotonic() + timeout
         started = {i: self._launch(i, **node_config) for i in indices}
-        _settle([proc for _, proc in started.values()])
+        self._until_ready(started)
         alive = {}
         for i, (mark, proc) in started.items():
             label, told = f"supernode-{i}", False
             while proc.poll() is not None:
                 said = self._log_since(label, mark)
+                if PORT_TAKEN in said and time.monotonic() <= deadline:
+                    self._taken.add(self.runtime_ports[i])
+                    mark, proc = self._launch(i, **node_config)
+                    self._until_ready({i: (mark, proc)})
+                    continue
                 if ACTIVATION_REFUSED not in said or time.monotonic() > deadline:
                     self.processes.pop(label, None)
                     self.entries.pop(label, None)
@@ -354,9 +383,24 @@ class Federation:
                     told = True
                 time.sleep(RETRY_S)
                 mark, proc = self._launch(i, **node_config)
-                _settle([proc])
+                self._until_ready({i: (mark, proc)})
             alive[i] = proc
         return alive
+
+    def _until_ready(self, started: Mapping[int, tuple[int, subprocess.Popen]]) -> None:
+        """Wait ``SETTLE_S``, then until every node of ``started`` listens or has exited
+        (at most ``READY_S`` in all)."""
+        _settle([proc for _, proc in started.values()])
+        deadline = time.monotonic() + READY_S - SETTLE_S
+        waiting = dict(started)
+        while waiting and time.monotonic() < deadline:
+            waiting = {
+                i: (mark, proc)
+                for i, (mark, proc) in waiting.items()
+                if proc.poll() is None and not self.listening(i)
+            }
+            if waiting:
+                time.sleep(0.2)
 
     def _launch(self, i: int, **node_config) -> tuple[int, subprocess.Popen]:
         """SuperNode ``i`` started, with where its log stood before (what it says after)."""
