@@ -387,7 +387,7 @@ def test_a_supernode_whose_port_was_taken_at_its_bind_starts_again_on_another(
     taken_then_listening = (
         "port=$(echo \"$@\" | grep -o -- '--port [0-9]*' | cut -d' ' -f2); "
         f'if [ -e {once} ]; then exec {sys.executable} -c "{listen}" "$port"; fi; '
-        f"touch {once}; echo \"ERROR:    [Errno 98] error while attempting to bind on "
+        f'touch {once}; echo "ERROR:    [Errno 98] error while attempting to bind on '
         "address ('127.0.0.1', $port): address already in use\"; exit 1"
     )
     _fake_flower(tmp_path, monkeypatch, taken_then_listening)
