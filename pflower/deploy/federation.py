@@ -458,9 +458,15 @@ class Federation:
             done = "key already registered" if again else "key registered"
             said.append(f"{label}: {done} (Flower: {' '.join(flower.splitlines()) or 'ok'})")
             starting.append(i)
-        # started only once alive after SETTLE_S; SuperNodeDied (Flower's words) otherwise
+        # started only once alive after SETTLE_S (and listening, within READY_S);
+        # SuperNodeDied (Flower's words) otherwise
         for i, proc in self.start_supernodes(starting).items():
-            said.append(f"supernode-{i}: started (pid {proc.pid}, alive after {SETTLE_S:g} s)")
+            where = (
+                f", Runtime API on 127.0.0.1:{self.runtime_ports[i]}" if self.listening(i) else ""
+            )
+            said.append(
+                f"supernode-{i}: started (pid {proc.pid}, alive after {SETTLE_S:g} s{where})"
+            )
         return said
 
     def run(self, run_config: Mapping[str, object], app: str | os.PathLike, timeout: float = 600):
