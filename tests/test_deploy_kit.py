@@ -375,22 +375,31 @@ def test_a_supernode_whose_port_was_taken_at_its_bind_starts_again_on_another(
     tmp_path, monkeypatch, capsys
 ):
     """Between ``runtime_port``'s look and the SuperNode's bind another process may take
-    the port (uvicorn: "address already in use", and the node exits): the node is started
-    again at once on another port, and counts as started once it listens there."""
+    the port (uvicorn: "address already in use", and the node exits), later than the settle
+    time on a loaded machine: the kit waits for the node to listen, sees it exit, starts it
+    again at once on another port, and counts it started once it listens there. A node
+    that keeps losing its port is given up after ``PORT_MOVES`` new ports."""
     import socket
 
+    from pflower.deploy import federation
+
+    ready_s = 5.0
     once = tmp_path / "taken-once"
     listen = (
         "import socket, sys, time; s = socket.socket(); "
         "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); time.sleep(73)"
     )
-    taken_then_listening = (
-        "port=$(echo \"$@\" | grep -o -- '--port [0-9]*' | cut -d' ' -f2); "
-        f'if [ -e {once} ]; then exec {sys.executable} -c "{listen}" "$port"; fi; '
-        f'touch {once}; echo "ERROR:    [Errno 98] error while attempting to bind on '
+    taken = (
+        'echo "ERROR:    [Errno 98] error while attempting to bind on '
         "address ('127.0.0.1', $port): address already in use\"; exit 1"
     )
-    _fake_flower(tmp_path, monkeypatch, taken_then_listening)
+    port = "port=$(echo \"$@\" | grep -o -- '--port [0-9]*' | cut -d' ' -f2); "
+    taken_late_then_listening = (
+        f'{port}if [ -e {once} ]; then exec {sys.executable} -c "{listen}" "$port"; fi; '
+        f"touch {once}; sleep 1.5; {taken}"
+    )
+    _fake_flower(tmp_path, monkeypatch, taken_late_then_listening)
+    monkeypatch.setattr(federation, "READY_S", ready_s)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         base = probe.getsockname()[1] - 100
@@ -398,9 +407,19 @@ def test_a_supernode_whose_port_was_taken_at_its_bind_starts_again_on_another(
     fed.logs.mkdir(parents=True)
     try:
         (proc,) = fed.start_supernodes([0]).values()
+        time.sleep(0.5)  # a node counted started too early would be gone by now
         assert proc.poll() is None and once.exists()
         assert fed.runtime_ports[0] != base + 100  # the taken one is not tried again
         assert fed.listening(0)
         assert "address already in use" in (fed.logs / "supernode-0.log").read_text()
     finally:
         fed.stop_all()
+    # always taken: given up after PORT_MOVES new ports, with Flower's words
+    (tmp_path / "bin" / "flower-supernode").write_text(f"#!/bin/bash\n{port}{taken}\n")
+    fed = deploy.Federation(tmp_path / "fed2", supernodes=1, port=base)
+    fed.logs.mkdir(parents=True)
+    with pytest.raises(federation.SuperNodeDied, match="before it listened") as died:
+        fed.start_supernodes([0])
+    assert "address already in use" in str(died.value)
+    text = (fed.logs / "supernode-0.log").read_text()
+    assert text.count("address already in use") == 1 + federation.PORT_MOVES

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 from pflower.deploy.credentials import connection, credentials
-from pflower.deploy.federation import Federation
+from pflower.deploy.federation import MAX_TASK_POLL_S, MIN_TASK_POLL_S, Federation
 from pflower.deploy.gateway import gateway
 
 
@@ -117,14 +117,17 @@ def main(argv: list[str] | None = None) -> None:
                 )
         if args.threads is not None and args.threads < 1:
             parser.error(f"--threads {args.threads}: must be >= 1")
-        try:
-            fed = Federation(
-                args.dir, args.supernodes, args.port, warm=args.warm,
-                poll_interval=args.poll_interval, superlink_state=args.superlink_state,
-                threads=args.threads, task_poll_interval=args.task_poll_interval,
-            )  # fmt: skip
-        except ValueError as err:
-            parser.error(str(err).replace("task_poll_interval", "--task-poll-interval"))
+        poll = args.task_poll_interval
+        if poll is not None and not MIN_TASK_POLL_S <= poll <= MAX_TASK_POLL_S:
+            parser.error(
+                f"--task-poll-interval {poll}: must be in [{MIN_TASK_POLL_S}, "
+                f"{MAX_TASK_POLL_S:g}] seconds"
+            )
+        fed = Federation(
+            args.dir, args.supernodes, args.port, warm=args.warm,
+            poll_interval=args.poll_interval, superlink_state=args.superlink_state,
+            threads=args.threads, task_poll_interval=poll,
+        )  # fmt: skip
         try:
             fed.up(say=lambda line: print(line, flush=True))
         except RuntimeError as err:  # Flower's own words, then what was started is stopped

@@ -38,6 +38,8 @@ SETTLE_S = 8.0
 READY_S = 60.0
 #: what a process says when the port it binds is held (uvicorn's words, as Python's)
 PORT_TAKEN = "address already in use"
+#: at most this many new ports for a node whose port was taken at its bind
+PORT_MOVES = 3
 #: the pause between two starts while the SuperLink still holds a dead node's session
 RETRY_S = 5.0
 #: where the SuperLink keeps its state: a SQLite file (``superlink.db``) or Flower's memory
@@ -61,8 +63,8 @@ def cores() -> int:
 
 
 class SuperNodeDied(RuntimeError):
-    """A SuperNode that exited before it counted as started (``SETTLE_S``), with what
-    Flower said in its log."""
+    """A SuperNode that exited before it counted as started (``SETTLE_S``, its Runtime API
+    listening), with what Flower said in its log."""
 
 
 class Federation:
@@ -306,6 +308,9 @@ class Federation:
         wanted = self.port + 100 + i
         if wanted not in self._taken:
             with socket.socket() as s:
+                # as the SuperNode's server binds (asyncio sets it): a connection of an
+                # earlier node left in TIME_WAIT does not keep the port from it
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     s.bind(("127.0.0.1", wanted))
                     return wanted
@@ -316,8 +321,9 @@ class Federation:
             return s.getsockname()[1]
 
     def listening(self, i: int) -> bool:
-        """Whether SuperNode ``i``'s Runtime API accepts connections (the first thing a
-        SuperNode starts: it is up, and the port is its own)."""
+        """Whether SuperNode ``i``'s Runtime API port accepts connections (the first thing a
+        SuperNode starts). Another process listening there would pass too; ``runtime_port``
+        found the port free just before the node started, which makes that unlikely."""
         port = self.runtime_ports.get(i)
         if port is None:
             return False
@@ -347,30 +353,34 @@ class Federation:
         refuses the key ("Failed to activate SuperNode", the same words as for an
         unregistered key) and the new node exits. Say so, and start it again every
         ``RETRY_S`` until ``timeout``. A node whose Runtime API port was taken between
-        ``runtime_port``'s look and its bind starts again at once on another port. A node
+        ``runtime_port``'s look and its bind starts again at once on another port (at most
+        ``PORT_MOVES`` times). A node
         that dies for any other reason, or still after ``timeout``, raises
         ``SuperNodeDied`` with Flower's message from its log (``flower_error``)."""
-        deadline = time.monotonic() + timeout
+        began = time.monotonic()
+        deadline = began + timeout
         started = {i: self._launch(i, **node_config) for i in indices}
         self._until_ready(started)
         alive = {}
         for i, (mark, proc) in started.items():
-            label, told = f"supernode-{i}", False
+            label, told, moves = f"supernode-{i}", False, 0
             while proc.poll() is not None:
                 said = self._log_since(label, mark)
-                if PORT_TAKEN in said and time.monotonic() <= deadline:
+                late = time.monotonic() > deadline
+                if PORT_TAKEN in said and moves < PORT_MOVES and not late:
                     self._taken.add(self.runtime_ports[i])
+                    moves += 1
                     mark, proc = self._launch(i, **node_config)
                     self._until_ready({i: (mark, proc)})
                     continue
-                if ACTIVATION_REFUSED not in said or time.monotonic() > deadline:
+                if ACTIVATION_REFUSED not in said or late:
                     self.processes.pop(label, None)
                     self.entries.pop(label, None)
                     self._save_pids()
                     raise SuperNodeDied(
-                        f"{label} exited (code {proc.returncode}) within {SETTLE_S:g} s of "
-                        f"its start; Flower said ({self.logs / f'{label}.log'}):\n"
-                        + flower_error(said)
+                        f"{label} exited (code {proc.returncode}) before it listened "
+                        f"({time.monotonic() - began:.0f} s after its first start); Flower "
+                        f"said ({self.logs / f'{label}.log'}):\n" + flower_error(said)
                     )
                 if not told:
                     print(
