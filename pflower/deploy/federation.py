@@ -354,9 +354,9 @@ class Federation:
         unregistered key) and the new node exits. Say so, and start it again every
         ``RETRY_S`` until ``timeout``. A node whose Runtime API port was taken between
         ``runtime_port``'s look and its bind starts again at once on another port (at most
-        ``PORT_MOVES`` times). A node
-        that dies for any other reason, or still after ``timeout``, raises
-        ``SuperNodeDied`` with Flower's message from its log (``flower_error``)."""
+        ``PORT_MOVES`` times). A node that dies for any other reason, or still after
+        ``timeout``, raises ``SuperNodeDied`` with Flower's message from its log
+        (``flower_error``)."""
         began = time.monotonic()
         deadline = began + timeout
         started = {i: self._launch(i, **node_config) for i in indices}
@@ -378,9 +378,10 @@ class Federation:
                     self.entries.pop(label, None)
                     self._save_pids()
                     raise SuperNodeDied(
-                        f"{label} exited (code {proc.returncode}) before it listened "
-                        f"({time.monotonic() - began:.0f} s after its first start); Flower "
-                        f"said ({self.logs / f'{label}.log'}):\n" + flower_error(said)
+                        f"{label} exited (code {proc.returncode}) before it listened and "
+                        f"stayed up {SETTLE_S:g} s ({time.monotonic() - began:.0f} s after its "
+                        f"first start); Flower said ({self.logs / f'{label}.log'}):\n"
+                        + flower_error(said)
                     )
                 if not told:
                     print(
