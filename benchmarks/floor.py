@@ -16,7 +16,9 @@ message in this process) and, with ``--engine simulation``, through Flower's
     python benchmarks/floor.py --breakdown          # + pflower's cost centres per message
 
 Per algorithm: ``bare_s`` and ``pflower_s``, the median CPU seconds of a training round
-(rounds 2.. : round 1 loads the data), their ratio (target <= 1.15 on LocalGrid), and
+(rounds 2.. : round 1 loads the data), their ratio (target <= 1.15 on LocalGrid); on
+LocalGrid also ``bare_functional_step_s``, the bare loop stepping with torch's functional
+SGD as pflower does (``Bare``), and pflower's ratio to that; and
 pflower's per-message split (``client_cost``-style: the ClientApp outside ``ClientHalf.train``,
 the server outside the clients). The two sides run alternately, ``--repeats`` times each.
 Results: one JSON line per algorithm and engine on stdout (``--out`` appends them to a file).
@@ -38,6 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call
+from torch.optim.sgd import sgd as functional_sgd
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -84,10 +87,33 @@ def settings(preset: str, algorithm: str, rounds: int) -> tuple[dict, int]:
 
 
 # --- the bare loop ----------------------------------------------------------------------------
-class Bare:
-    """The algorithm's training round on plain tensors and modules."""
+@torch.no_grad()
+def functional_step(params: list, lr: float) -> None:
+    """Plain SGD on ``params`` by torch's functional ``torch.optim.sgd.sgd``: what a
+    ``torch.optim.SGD(params, lr)`` step computes, without the optimizer object."""
+    functional_sgd(
+        params,
+        [p.grad for p in params],
+        [None] * len(params),
+        weight_decay=0.0,
+        momentum=0.0,
+        lr=lr,
+        dampening=0.0,
+        nesterov=False,
+        maximize=False,
+    )
 
-    def __init__(self, run: dict, nodes: int) -> None:
+
+class Bare:
+    """The algorithm's training round on plain tensors and modules.
+
+    ``functional_step``: each SGD step calls torch's functional ``torch.optim.sgd.sgd``
+    instead of a ``torch.optim.SGD`` object's ``step`` (the same update, bit for bit, without
+    the optimizer's per-step machinery: what ``pflower.task.train.SGDSteps`` does). The
+    default is the loop as it is usually written, and as the peer library writes it."""
+
+    def __init__(self, run: dict, nodes: int, functional_step: bool = False) -> None:
+        self.functional_step = functional_step
         from pflower.config import Config
         from pflower.strategies import build_run_model, wire_split
         from pflower.task.data.loaders import client_arrays
@@ -126,8 +152,16 @@ class Bare:
         chosen = [self.params[n] for n in names]
         for p in chosen:
             p.requires_grad_(True)
-        opt = torch.optim.SGD(chosen, lr=lr)
         bs = self.cfg.batch_size
+        if self.functional_step:  # torch's functional SGD, without the optimizer object
+            for _ in range(epochs):
+                for idx in torch.randperm(len(y)).split(bs):
+                    for p in chosen:
+                        p.grad = None
+                    nn.functional.cross_entropy(self.model(x[idx]), y[idx]).backward()
+                    functional_step(chosen, lr)
+            return
+        opt = torch.optim.SGD(chosen, lr=lr)
         for _ in range(epochs):
             for idx in torch.randperm(len(y)).split(bs):
                 opt.zero_grad()
@@ -267,9 +301,9 @@ class Bare:
             self.glob[n] = p.detach().clone()
 
 
-def bare_round_cpu(run: dict, nodes: int, rounds: int) -> list[float]:
+def bare_round_cpu(run: dict, nodes: int, rounds: int, functional_step=False) -> list[float]:
     torch.manual_seed(0)
-    bare = Bare(run, nodes)
+    bare = Bare(run, nodes, functional_step)
     spent = []
     for _ in range(rounds):
         start = time.process_time()
@@ -455,9 +489,10 @@ def main(argv=None) -> int:
         return simulation_rows(args)
     for algorithm in args.algorithms:
         run, nodes = settings(args.preset, algorithm, args.rounds)
-        bare, ours, train, outside = [], [], [], []
+        bare, lean, ours, train, outside = [], [], [], [], []
         for _ in range(args.repeats):  # alternately: the box's load hits both sides alike
             bare.append(median_after_first(bare_round_cpu(run, nodes, args.rounds)))
+            lean.append(median_after_first(bare_round_cpu(run, nodes, args.rounds, True)))
             r = pflower_round_cpu(run, nodes, args.tmp, args.breakdown)
             ours.append(median_after_first(r["round"]))
             train.append(median_after_first(r["train"]))
@@ -465,6 +500,9 @@ def main(argv=None) -> int:
         o = min(ours)
         row = comparison(args, algorithm, "local-grid", run, nodes, bare, ours)
         row.update(
+            bare_functional_step_s=round(min(lean), 4),
+            ratio_functional_step=round(o / min(lean), 3),
+            runs_functional_step=[round(x, 4) for x in lean],
             pflower_train_s=round(min(train), 4),
             pflower_client_outside_train_s=round(min(outside), 4),
             pflower_server_s=round(o - min(train) - min(outside), 4),

@@ -461,8 +461,9 @@ def test_client_update_norms_in_the_bound_are_those_computed_here():
 def test_update_norms_and_means_equal_an_independent_computation():
     """The server's per-reply arithmetic, which reuses float64 buffers across replies and
     layers (issue 29): each update norm against math.fsum over Python floats of the
-    float32 difference, and the weighted means bit for bit against the plain formula
-    ``sum_i w_i (c - a_i)`` / ``sum_i w_i a_i`` in float64 with normalized weights."""
+    float32 difference, and the weighted means bit for bit against the plain formulas
+    ``sum_i w_i a_i`` and ``c - sum_i w_i a_i`` in float64 with normalized weights, the
+    latter to float64 rounding against the mean of the updates ``sum_i w_i (c - a_i)``."""
     from pflower.strategies.checks import update_norms
     from pflower.strategies.combine import weighted_mean, weighted_mean_of_updates
 
@@ -493,11 +494,14 @@ def test_update_norms_and_means_equal_an_independent_computation():
     means = weighted_mean_of_updates(current, replies, w)
     plain = weighted_mean(replies, w)
     for k, c in current.items():
-        want = sum(wi * (c.astype(np.float64) - r[k]) for wi, r in zip(norm_w, replies))
-        np.testing.assert_array_equal(means[k], want)
-        assert means[k].dtype == np.float64 and means[k].shape == c.shape
+        c64 = c.astype(np.float64)
         want = sum(wi * r[k].astype(np.float64) for wi, r in zip(norm_w, replies))
         np.testing.assert_array_equal(plain[k], want)
+        # the updates' mean: c - sum_i w_i a_i bit for bit, sum_i w_i (c - a_i) to rounding
+        np.testing.assert_array_equal(means[k], c64 - want)
+        updates = sum(wi * (c64 - r[k]) for wi, r in zip(norm_w, replies))
+        np.testing.assert_allclose(means[k], updates, rtol=0, atol=1e-14)
+        assert means[k].dtype == np.float64 and means[k].shape == c.shape
 
 
 def test_server_sgd_at_lr_1_equals_torchs_step():

@@ -12,7 +12,7 @@ from pflower.context_store import ContextStore, open_store
 from pflower.task.models import build_model
 from pflower.task.split import make_split, parameters
 from pflower.task.state import DirectoryStore, load_matching
-from pflower.task.train import evaluate, sgd
+from pflower.task.train import SGDSteps, evaluate, sgd
 
 
 def tensors():
@@ -97,6 +97,44 @@ def test_sgd_steps_cycle_over_the_loader_and_match_a_hand_step():
     for p, p0, g in zip(model.parameters(), w0, grads):
         assert torch.allclose(p, p0 - 0.5 * g, atol=1e-6)
     assert sgd(model, list(model.parameters()), loader, lr=0.5, steps=5).steps == 5
+
+
+def test_sgd_steps_are_torch_optim_sgd_bit_for_bit():
+    """``SGDSteps`` against ``torch.optim.SGD`` on twin models, five steps: two groups with
+    their own rates, momentum and weight decay (buffers across steps), a parameter that gets
+    no gradient (skipped by both); and the first two momentum steps written out by hand."""
+    torch.manual_seed(0)
+    twins = [build_model("mlp", (1, 28, 28), 10) for _ in range(2)]
+    twins[1].load_state_dict(twins[0].state_dict())
+    x, y = torch.rand(5, 8, 1, 28, 28), torch.randint(0, 10, (5, 8))
+
+    def groups(model):
+        params = list(model.parameters())  # weight, bias of layers 1, 3, 5
+        model[1].bias.requires_grad_(False)  # in a group, but it gets no gradient
+        return [{"params": params[2:4], "lr": 0.3}, {"params": [*params[:2], *params[4:]]}]
+
+    settings = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.05}
+    steps, reference = (
+        SGDSteps(groups(twins[0]), **settings),
+        torch.optim.SGD(groups(twins[1]), **settings),
+    )
+    start = [p.detach().clone() for p in twins[0].parameters()]
+    by_hand, buffer = start[2].clone(), None
+    for k in range(5):
+        for model, opt in ((twins[0], steps), (twins[1], reference)):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[k]), y[k]).backward()
+            if model is twins[0] and k < 2:  # d = g + wd * p; b = d, then 0.9 b + d
+                d = model[3].weight.grad + 0.05 * by_hand
+                buffer = d.clone() if buffer is None else 0.9 * buffer + d
+                by_hand = by_hand - 0.3 * buffer
+            opt.step()
+        for a, b in zip(twins[0].parameters(), twins[1].parameters()):
+            assert torch.equal(a, b)
+        if k < 2:
+            assert torch.allclose(twins[0][3].weight, by_hand, atol=1e-6)
+    assert torch.equal(twins[0][1].bias, start[1])  # no gradient: not moved, not decayed
+    assert not torch.equal(twins[0][3].weight, start[2])
 
 
 def test_evaluate_counts_correct_predictions():
