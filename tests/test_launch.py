@@ -4,8 +4,10 @@ Flower 1.41's ``flwr run --stream`` exits 0 however the run ends."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -56,7 +58,38 @@ def _pflower_run(*args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+def _local_superlinks() -> set[int]:
+    """Pids of Flower's managed local SuperLinks (``flwr run`` starts one, detached in a
+    session of its own with its SuperExec, and leaves it running for the next run)."""
+    from flwr.cli.local_superlink import LOCAL_CONTROL_API_ADDRESS
+
+    found = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"flower-superlink") for a in argv[:2]) and (
+            LOCAL_CONTROL_API_ADDRESS.encode() in argv
+        ):
+            found.add(int(proc.name))
+    return found
+
+
+@pytest.fixture
+def stops_the_local_superlink_it_started():
+    """A local SuperLink this test started is stopped after it (its session: the SuperLink
+    and its SuperExec), so a test run leaves no Flower daemon polling on the machine; one
+    that was running before is left alone."""
+    before = _local_superlinks()
+    yield
+    for pid in _local_superlinks() - before:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(os.getpgid(pid), signal.SIGTERM)
+
+
 @pytest.mark.skipif(not shutil.which("flwr", path=str(Path(PFLOWER).parent)), reason="no flwr")
+@pytest.mark.usefixtures("stops_the_local_superlink_it_started")
 def test_pflower_run_exits_with_how_the_run_ended(tmp_path):
     """On Flower's local SuperLink, as a user runs it: a refused key stops before anything
     starts (2); a run whose every reply is dropped ends failed (1) with RunFailed's one line
