@@ -116,7 +116,7 @@ class SGDSteps:
     state is). What it leaves out is the optimizer's per-step machinery (profiler hooks,
     dynamo guards, group and state bookkeeping): ~0.13 ms of a ~0.6 ms step on an
     80-example client's MLP on one CPU thread, a fifth of the step (issue 29).
-    ``tests/test_training.py`` checks it against ``torch.optim.SGD`` step for step.
+    ``tests/test_state_train.py`` checks it against ``torch.optim.SGD`` step for step.
     """
 
     def __init__(
