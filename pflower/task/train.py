@@ -114,8 +114,8 @@ class SGDSteps:
     choice of the single-tensor or foreach kernel): the same update, bit for bit, momentum
     buffers included (kept per parameter for the life of this object, as the optimizer's
     state is). What it leaves out is the optimizer's per-step machinery (profiler hooks,
-    dynamo guards, group and state bookkeeping): ~0.13 ms of a ~0.6 ms step on an
-    80-example client's MLP on one CPU thread, a fifth of the step (issue 29).
+    dynamo guards, group and state bookkeeping): ~0.1 ms of a ~0.9 ms step of a batch of 32
+    through the 784-200-200-10 MLP on one CPU thread (issue 29, ``benchmarks/sgd_step.py``).
     ``tests/test_state_train.py`` checks it against ``torch.optim.SGD`` step for step.
     """
 
