@@ -88,7 +88,7 @@ def settings(preset: str, algorithm: str, rounds: int) -> tuple[dict, int]:
 
 # --- the bare loop ----------------------------------------------------------------------------
 @torch.no_grad()
-def functional_step(params: list, lr: float) -> None:
+def plain_sgd_step(params: list, lr: float) -> None:
     """Plain SGD on ``params`` by torch's functional ``torch.optim.sgd.sgd``: what a
     ``torch.optim.SGD(params, lr)`` step computes, without the optimizer object."""
     functional_sgd(
@@ -159,7 +159,7 @@ class Bare:
                     for p in chosen:
                         p.grad = None
                     nn.functional.cross_entropy(self.model(x[idx]), y[idx]).backward()
-                    functional_step(chosen, lr)
+                    plain_sgd_step(chosen, lr)
             return
         opt = torch.optim.SGD(chosen, lr=lr)
         for _ in range(epochs):

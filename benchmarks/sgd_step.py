@@ -34,7 +34,7 @@ from torch.utils.data import TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
-from floor import functional_step  # noqa: E402
+from floor import plain_sgd_step  # noqa: E402
 
 from pflower.task import train  # noqa: E402
 from pflower.task.data.loaders import batched  # noqa: E402
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
                 for q in params:
                     q.grad = None
                 nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-                functional_step(params, lr)
+                plain_sgd_step(params, lr)
 
     def pflower() -> None:
         train.sgd(model, params, loader, lr=lr, epochs=args.epochs)
