@@ -129,9 +129,9 @@ PLANTS = [
         S + "pflego.py",
         [
             (
-                "        job.save_personal()\n        record = ArrayRecord(",
+                "        job.save_personal()\n        record = to_record(",
                 "        g_theta = training.full_gradient(job.model, shared, job.train_loader, "
-                "job.device)\n        job.save_personal()\n        record = ArrayRecord(",
+                "job.device)\n        job.save_personal()\n        record = to_record(",
             )
         ],
         [T + "test_exact_pflego.py", T + "test_pflego.py"],
@@ -150,13 +150,13 @@ PLANTS = [
     Plant(
         "pflego: head gradient summed instead of averaged",
         S + "pflego.py",
-        [("    p /= len(y)\n", "")],
+        [("alpha=-lr / n)", "alpha=-lr)")],
         [T + "test_exact_pflego.py", T + "test_pflego.py"],
     ),
     Plant(
         "pflego: head steps at lr instead of personal-lr (beta)",
         S + "pflego.py",
-        [("beta = job.personal_lr", "beta = job.lr")],
+        [("head.bias, job.personal_lr, steps)", "head.bias, job.lr, steps)")],
         [T + "test_exact_pflego.py", T + "test_pflego.py"],
     ),
     # --- FedAlt / FedSim ----------------------------------------------------------------

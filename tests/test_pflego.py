@@ -1,4 +1,4 @@
-"""PFLEGO: the closed-form head gradient, the order of gradient and head step, and one round
+"""PFLEGO: the closed-form head steps, the order of gradient and head step, and one round
 with r = I and the SGD server = one gradient-descent step on L(psi) computed centrally."""
 
 from __future__ import annotations
@@ -14,21 +14,31 @@ from pflower.client_app import build_client_app, load_client_data
 from pflower.config import Config
 from pflower.experiments.local_grid import LocalGrid
 from pflower.strategies import PFLEGOClient, build_run_model, make_strategy, wire_split
-from pflower.strategies.pflego import head_gradient, head_module
+from pflower.strategies.pflego import head_descent, head_module
 from pflower.task.split import get_tensors, make_split
 
 PFLEGO = {"algorithm": "pflego", "model": "pflego-mlp", "local-steps": 4, "personal-lr": 0.3}
 
 
-def test_closed_form_head_gradient_equals_autograd():
+@pytest.mark.parametrize("steps", [1, 3])
+def test_closed_form_head_descent_equals_autograd_steps(steps):
+    """``head_descent``: each step is W, b <- W, b - lr grad of the mean cross-entropy of
+    ``phi W^T + b``, the gradient taken by autograd here (float64)."""
     g = torch.Generator().manual_seed(0)
-    phi, y = torch.randn(50, 7, generator=g), torch.randint(0, 5, (50,), generator=g)
-    weight = torch.randn(5, 7, generator=g, requires_grad=True)
-    bias = torch.randn(5, generator=g, requires_grad=True)
-    F.cross_entropy(phi @ weight.T + bias, y).backward()
-    g_w, g_b = head_gradient(phi, y, weight.detach(), bias.detach())
-    torch.testing.assert_close(g_w, weight.grad)
-    torch.testing.assert_close(g_b, bias.grad)
+    phi = torch.randn(50, 7, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 5, (50,), generator=g)
+    weight = torch.randn(5, 7, generator=g, dtype=torch.float64)
+    bias = torch.randn(5, generator=g, dtype=torch.float64)
+    w, b = weight.clone(), bias.clone()
+    before = weight.clone()
+    for _ in range(steps):
+        w_, b_ = w.requires_grad_(True), b.requires_grad_(True)
+        g_w, g_b = torch.autograd.grad(F.cross_entropy(phi @ w_.T + b_, y), [w_, b_])
+        w, b = (w_ - 0.7 * g_w).detach(), (b_ - 0.7 * g_b).detach()
+    new_w, new_b = head_descent(phi, y, weight, bias, 0.7, steps)
+    torch.testing.assert_close(new_w, w, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(new_b, b, rtol=1e-12, atol=1e-12)
+    assert torch.equal(weight, before)  # the steps are on a copy
 
 
 def test_other_splits_are_refused_with_the_key():
@@ -162,46 +172,30 @@ def test_server_learns_every_clients_size_for_global_alpha():
 
 def test_local_labels_head_is_the_k_i_class_head():
     """The C-row head with absent classes pinned equals a K_i-row head on re-indexed labels:
-    same loss, same gradient on the present rows, zero gradient elsewhere; never predicted."""
+    a head step moves the present rows as the K_i head's autograd step, leaves the others
+    exactly as they were, and an absent class is never predicted."""
     job = job_for({**PFLEGO, "pflego-local-labels": True, "partitioner": "pathological"})
     half = PFLEGOClient()
     half.init_head(job)
     head = half._head(job)
     from pflower.strategies.pflego import features
 
-    phi, y = features(job.model, head, job.train_loader, job.device)
+    phi, y = features(job.model, head, job.train_loader, job.device, 512)
     present = y.unique()
     assert 1 <= len(present) < head.out_features
-    g_w, g_b = head_gradient(phi, y, head.weight.detach(), head.bias.detach())
+    lr = 0.3
+    new_w, new_b = head_descent(phi, y, head.weight.detach(), head.bias.detach(), lr, 1)
     absent = torch.ones(head.out_features, dtype=torch.bool)
     absent[present] = False
-    assert torch.all(g_w[absent] == 0) and torch.all(g_b[absent] == 0)
-    # the K_i-row head on locally re-indexed labels
+    assert torch.equal(new_w[absent], head.weight.detach()[absent])
+    assert torch.equal(new_b[absent], head.bias.detach()[absent])
+    # the K_i-row head on locally re-indexed labels, one autograd step
     local_y = torch.searchsorted(present, y)
     w_k = head.weight.detach()[present].clone().requires_grad_(True)
     b_k = head.bias.detach()[present].clone().requires_grad_(True)
     F.cross_entropy(phi @ w_k.T + b_k, local_y).backward()
-    torch.testing.assert_close(g_w[present], w_k.grad)
-    torch.testing.assert_close(g_b[present], b_k.grad)
     with torch.no_grad():
-        predicted = (phi @ head.weight.T + head.bias).argmax(1)
+        torch.testing.assert_close(new_w[present], w_k - lr * w_k.grad)
+        torch.testing.assert_close(new_b[present], b_k - lr * b_k.grad)
+        predicted = (phi @ new_w.T + new_b).argmax(1)
     assert set(predicted.tolist()) <= set(present.tolist())
-
-
-def test_head_gradient_with_a_prebuilt_onehot_is_bit_identical():
-    """The head steps build y's one-hot once (``onehot``); subtracting it is bit for bit the
-    indexed ``-= 1`` of the closed form."""
-    import torch.nn.functional as F
-
-    from pflower.strategies.pflego import head_gradient
-
-    g = torch.Generator().manual_seed(3)
-    phi, w, b = (
-        torch.randn(37, 11, generator=g),
-        torch.randn(5, 11, generator=g),
-        torch.randn(5, generator=g),
-    )
-    y = torch.randint(0, 5, (37,), generator=g)
-    plain = head_gradient(phi, y, w, b)
-    fast = head_gradient(phi, y, w, b, F.one_hot(y, 5).to(phi.dtype))
-    assert all(torch.equal(a, c) for a, c in zip(plain, fast))

@@ -30,8 +30,8 @@ prints (default off: Alg. 1 and the code). r_t is the number of usable replies (
 the head step uses the number of sampled clients (the client cannot know r_t). I counts the
 clients that can be sampled: with ``holdout-fraction`` the held-out clients (evaluated as new
 clients, never trained) are no part of L, so they count in neither I, r nor sum_j N_j. A round
-with no usable reply leaves theta unchanged. Local sets are processed in minibatch-size
-chunks, so memory stays bounded.
+with no usable reply leaves theta unchanged. The passes over the whole local set (Phi, the
+exact gradient) go in chunks of ``eval-batch-size`` examples, so memory stays bounded.
 
 Evaluation: the personalized model is the client's stored head on the current body; the
 "global" model is what a brand-new client gets: a fresh head trained for tau - 1 head steps.
@@ -54,7 +54,7 @@ from pflower.strategies.combine import weighted_mean
 from pflower.strategies.registry import Algorithm
 from pflower.strategies.server import PersonalizedStrategy
 from pflower.task import train as training
-from pflower.task.data.loaders import one_pass
+from pflower.task.data.loaders import whole_set
 from pflower.task.run_model import build_run_model, split_by_rule
 from pflower.wire import GRADIENT, NUM_EXAMPLES, ClientUpdate, to_record
 
@@ -124,36 +124,45 @@ def head_module(model: nn.Module, personal: tuple[str, ...]) -> tuple[str, nn.Li
     )
 
 
-def head_gradient(
+def head_descent(
     phi: torch.Tensor,
     y: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor,
-    onehot: torch.Tensor | None = None,
+    lr: float,
+    steps: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Closed-form gradient of the mean cross-entropy of ``phi @ W^T + b`` in (W, b).
-    ``onehot`` (optional): ``y`` one-hot in ``phi``'s dtype, built once for many steps
-    (subtracting it is bit for bit the indexed ``-= 1`` without the index per step)."""
-    p = torch.softmax(phi @ weight.T + bias, dim=1)
-    if onehot is None:
-        p[torch.arange(len(y)), y] -= 1.0  # softmax - one-hot
-    else:
-        p -= onehot
-    p /= len(y)
-    return p.T @ phi, p.sum(0)
+    """``steps`` gradient-descent steps of rate ``lr`` on the mean cross-entropy of the
+    linear head ``phi @ W^T + b``, in closed form; returns the new ``(W, b)``.
+
+    On ``[W | b]`` and ``Phi = [phi, 1]`` the gradient is ``(softmax(Phi [W | b]^T) - Y)^T
+    Phi / N``, Y the one-hot labels: a step is one matmul for the logits, the softmax, and
+    one fused ``[W | b] -= lr / N (P - Y)^T Phi`` (``addmm_``), with ``Phi`` and ``Y`` built
+    once for all steps."""
+    n = len(y)
+    with torch.no_grad():
+        phi1 = torch.cat([phi, phi.new_ones(n, 1)], dim=1)
+        w = torch.cat([weight, bias[:, None]], dim=1)
+        onehot = nn.functional.one_hot(y, w.shape[0]).to(phi.dtype)
+        for _ in range(steps):
+            p = torch.softmax(phi1 @ w.T, dim=1)
+            p -= onehot
+            w.addmm_(p.T, phi1, alpha=-lr / n)
+    return w[:, :-1], w[:, -1]
 
 
 @torch.no_grad()
 def features(
-    model: nn.Module, head: nn.Linear, loader, device
+    model: nn.Module, head: nn.Linear, loader, device, chunk: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """phi(X; theta) of the whole local set (the head's inputs), chunk by chunk, no grad."""
+    """phi(X; theta) of the whole local set (the head's inputs), ``chunk`` examples at a time
+    (``whole_set``), no grad."""
     captured: list[torch.Tensor] = []
     hook = head.register_forward_hook(lambda m, inp, out: captured.append(inp[0].detach()))
     ys = []
     model.eval()
     try:
-        for x, y in one_pass(loader):
+        for x, y in whole_set(loader, chunk):
             model(x.to(device))
             ys.append(y.to(device))
     finally:
@@ -272,14 +281,11 @@ class PFLEGOClient(ClientHalf):
         head = self._head(job)
         if steps <= 0:
             return
-        phi, y = features(job.model, head, job.train_loader, job.device)
-        beta = job.personal_lr
+        phi, y = features(job.model, head, job.train_loader, job.device, job.cfg.eval_batch_size)
+        weight, bias = head_descent(phi, y, head.weight, head.bias, job.personal_lr, steps)
         with torch.no_grad():
-            onehot = nn.functional.one_hot(y, head.out_features).to(phi.dtype)
-            for _ in range(steps):
-                g_w, g_b = head_gradient(phi, y, head.weight, head.bias, onehot)
-                head.weight -= beta * g_w
-                head.bias -= beta * g_b
+            head.weight.copy_(weight)
+            head.bias.copy_(bias)
 
     def train(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
         tau = job.cfg.local_steps or 1
@@ -290,7 +296,11 @@ class PFLEGOClient(ClientHalf):
         # head-loss: l_i(W_i, theta) where the exact gradient is taken (after the tau - 1
         # head steps, before (3)); the same pass, so it is there for tau = 1 too
         loss, grads = training.loss_and_gradient(
-            job.model, [*shared, head.weight, head.bias], job.train_loader, job.device
+            job.model,
+            [*shared, head.weight, head.bias],
+            job.train_loader,
+            job.device,
+            chunk=job.cfg.eval_batch_size,
         )
         g_theta, (g_w, g_b) = grads[: len(shared)], grads[len(shared) :]
         rate = float(config[HEAD_LR])

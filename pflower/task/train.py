@@ -20,7 +20,7 @@ from torch.nn import functional as F
 from torch.optim.sgd import sgd as sgd_step
 from torch.utils.data import DataLoader
 
-from pflower.task.data.loaders import one_pass
+from pflower.task.data.loaders import one_pass, whole_set
 
 
 def loss_fn(model: nn.Module):
@@ -258,15 +258,22 @@ def full_gradient(
 
 
 def loss_and_gradient(
-    model: nn.Module, params: Sequence[nn.Parameter], loader: DataLoader, device="cpu"
+    model: nn.Module,
+    params: Sequence[nn.Parameter],
+    loader: DataLoader,
+    device="cpu",
+    chunk: int | None = None,
 ) -> tuple[float, list[torch.Tensor]]:
     """The mean loss over the whole loader and its gradient w.r.t. ``params``
-    (``full_gradient``; the loss comes with the same passes)."""
+    (``full_gradient``; the loss comes with the same passes). ``chunk``: go over the set in
+    order in chunks of that many examples (``whole_set``) instead of the loader's
+    minibatches: the same mean, in fewer passes through the model."""
     model.eval()  # no dropout: the gradient of the function being minimised
     grads = [torch.zeros_like(p) for p in params]
     n, total, criterion = 0, torch.zeros(()), loss_fn(model)
+    batches = one_pass(loader) if chunk is None else whole_set(loader, chunk)
     with only_trainable(model, params):
-        for x, y in one_pass(loader):
+        for x, y in batches:
             x, y = x.to(device), y.to(device)
             loss = criterion(model(x), y, reduction="sum")
             for g, gi in zip(grads, torch.autograd.grad(loss, params)):

@@ -225,14 +225,7 @@ def one_pass(loader: DataLoader):
     batches, bit for bit, without the DataLoader's ~0.1 ms of machinery per batch, which
     on ~80-example clients was a tenth of the training step (issue 29). Any other loader
     is iterated as it is."""
-    if not (
-        isinstance(loader, DataLoader)
-        and isinstance(loader.sampler, _IndexBatches)
-        and isinstance(loader.dataset, TensorDataset)
-        and loader.batch_size is None
-        and loader.num_workers == 0
-        and loader.collate_fn is default_convert
-    ):
+    if not _is_batched(loader):
         yield from loader
         return
     # _BaseDataLoaderIter.__init__: its base seed, drawn before the sampler's first draw
@@ -240,3 +233,30 @@ def one_pass(loader: DataLoader):
     tensors = loader.dataset.tensors
     for idx in loader.sampler:
         yield tuple(t[idx] for t in tensors)
+
+
+def whole_set(loader: DataLoader, chunk: int):
+    """The whole local set once, in order, in chunks of at most ``chunk`` examples: for the
+    passes whose result is a mean over every example (a full gradient, PFLEGO's features),
+    where the minibatch size and order of SGD have no part. For the loaders ``batched``
+    makes, the chunks are slices of the tensors (views, nothing copied) and the loader's
+    generator is not drawn from; any other loader is iterated as ``one_pass`` does."""
+    if not _is_batched(loader):
+        yield from one_pass(loader)
+        return
+    tensors = loader.dataset.tensors
+    n = len(tensors[0])
+    for start in range(0, n, chunk):
+        yield tuple(t[start : start + chunk] for t in tensors)
+
+
+def _is_batched(loader) -> bool:
+    """Whether ``loader`` is one ``batched`` made: in memory, no workers, no collation."""
+    return (
+        isinstance(loader, DataLoader)
+        and isinstance(loader.sampler, _IndexBatches)
+        and isinstance(loader.dataset, TensorDataset)
+        and loader.batch_size is None
+        and loader.num_workers == 0
+        and loader.collate_fn is default_convert
+    )
