@@ -167,6 +167,9 @@ class ClientUpdate:
     metrics: dict[str, float]
     #: further records of the reply (``extra_reply_keys``), same names and shapes
     extra: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    #: its update norm, where the value check computed it (``checks.update_norm``); a new
+    #: ClientUpdate of other tensors (an attack simulation's) has none, so it is computed
+    norm: float | None = None
 
     @property
     def num_examples(self) -> float:

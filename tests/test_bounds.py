@@ -401,6 +401,30 @@ def test_a_run_whose_every_reply_is_dropped_stops_with_the_reasons():
         run_local(run, 3)
 
 
+@pytest.mark.parametrize("max_update_norm", [1000.0, 0.0])
+def test_non_finite_replies_are_dropped_for_their_values_with_and_without_the_norm_bound(
+    max_update_norm,
+):
+    """With the update-norm bound on, a reply's values are checked by its float64 norm (one
+    pass, non-finite iff a value is); without it, by an isfinite pass. Either way a NaN and
+    an Inf reply are dropped as "non-finite values", every round, and the honest one is
+    applied."""
+
+    def poison(pid, rnd, vector, sent):
+        if pid in (0, 1):
+            bad = {k: v.copy() for k, v in vector.items()}
+            first = next(iter(bad))
+            bad[first].flat[pid * 7] = np.nan if pid == 0 else np.inf
+            return bad
+        return None
+
+    run = {**RUN, "algorithm": "fedavg", "max-update-norm": max_update_norm}
+    report = run_local(run, 3, client_app=attacking_app(run, poison))
+    assert drops(report, "non-finite values") == 2 * 2
+    assert drops(report, "update norm") == 0
+    assert [e.train["applied"] for e in report.rounds if e.train] == [1, 1]
+
+
 def test_a_node_dropped_for_its_values_twice_is_sent_personal_reset_and_recovers():
     """Node 0's replies are huge in rounds 1-2 (as its own poisoned state would make them):
     dropped twice, its round-3 message carries personal-reset, nobody else's does, and once

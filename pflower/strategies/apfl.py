@@ -191,8 +191,9 @@ class APFLClient(ClientHalf):
         refuse_batchnorm(cfg, model)
 
     def _state(self, job: ClientJob) -> tuple[dict[str, torch.Tensor], float, int] | None:
-        names = _names(job.model)
-        v = job.load(V_KEY, splits.get_tensors(job.model, names))
+        # the template is read for its names, shapes and dtypes (and its scale, for a state
+        # far beyond 1): the parameters themselves, not a copy
+        v = job.load(V_KEY, {n: p.detach() for n, p in job.params.items()})
         template = {
             "alpha": torch.zeros(1, dtype=torch.float64),
             "steps": torch.zeros(1, dtype=torch.int64),

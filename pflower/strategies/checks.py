@@ -102,30 +102,48 @@ def lower_median(values: Sequence[float]) -> float:
     return float(ordered[math.ceil(len(ordered) / 2) - 1])
 
 
+def update_norm(
+    current: Mapping[str, np.ndarray],
+    tensors: Mapping[str, np.ndarray],
+    weights: bool,
+    scratch: dict[str, np.ndarray] | None = None,
+) -> float:
+    """One reply's update norm, in float64 (a 1e30 reply must not overflow): of ``current -
+    tensors`` for returned weights, else of ``tensors``. Non-finite (``inf``, ``nan``) if a
+    value is; a finite norm means every value is finite. ``scratch``: float64 buffers by
+    layer, kept across replies (a fresh array per reply and layer costs its pages anew: ~1 ms
+    per 1.2 MB layer on a virtual machine; issue 29)."""
+    scratch = {} if scratch is None else scratch
+    total = 0.0
+    for k, t in tensors.items():
+        buf = scratch.get(k)
+        if buf is None or buf.shape != t.shape:
+            buf = scratch[k] = np.empty(t.shape, dtype=np.float64)
+        if weights:  # the difference in the arrays' own dtype, as ``current - t``
+            np.subtract(current[k], t, out=buf, casting="unsafe")
+        else:
+            np.copyto(buf, t, casting="unsafe")
+        total += np.square(buf, out=buf).sum()
+    return float(np.sqrt(total))
+
+
 def update_norms(
     current: Mapping[str, np.ndarray], updates: Sequence[ClientUpdate], weights: bool
 ) -> np.ndarray:
-    """Each reply's update norm, in float64 (a 1e30 reply must not overflow): of
-    ``current - returned`` for returned weights, else of the reply's vector."""
-
-    # one float64 buffer per layer for every reply: a fresh array per reply and layer costs
-    # its pages anew (~1 ms per 1.2 MB layer on a virtual machine; issue 29)
+    """Each reply's update norm (``update_norm``): the one its value check computed
+    (``ClientUpdate.norm``), else computed here."""
     scratch: dict[str, np.ndarray] = {}
+    return np.array(
+        [
+            u.norm if u.norm is not None else update_norm(current, u.tensors, weights, scratch)
+            for u in updates
+        ],
+        dtype=np.float64,
+    )
 
-    def norm(u: ClientUpdate) -> float:
-        total = 0.0
-        for k, t in u.tensors.items():
-            buf = scratch.get(k)
-            if buf is None or buf.shape != t.shape:
-                buf = scratch[k] = np.empty(t.shape, dtype=np.float64)
-            if weights:  # the difference in the arrays' own dtype, as ``current - t``
-                np.subtract(current[k], t, out=buf, casting="unsafe")
-            else:
-                np.copyto(buf, t, casting="unsafe")
-            total += np.square(buf, out=buf).sum()
-        return float(np.sqrt(total))
 
-    return np.array([norm(u) for u in updates], dtype=np.float64)
+def all_finite(tensors: Mapping[str, np.ndarray]) -> bool:
+    return all(np.isfinite(t).all() for t in tensors.values())
 
 
 def provisional_scale(current: Mapping[str, np.ndarray], lr: float | None = None) -> float:
@@ -307,6 +325,13 @@ class ReplyChecks:
         reply_key = ARRAYS if pretraining else self.reply_key
         keys = {reply_key, *(() if pretraining else self.extra_reply_keys)}
         expected = {k: (tuple(a.shape), a.dtype) for k, a in self._current.items()}
+        # with the update-norm bound on, the reply's values are checked by its norm, one
+        # float64 pass that is non-finite if and only if a value is (or the norm overflows,
+        # then the values are looked at), instead of an isfinite pass and then the norm's
+        norms = bool(self.norm_bound.factor)
+        weights = pretraining or self.reply_key == ARRAYS
+        current = {k: array_view(a) for k, a in self._current.items()} if norms else {}
+        scratch: dict[str, np.ndarray] = {}
         updates = []
         for msg in replies:
             metrics = self._metrics(server_round, msg, [NUM_EXAMPLES])
@@ -324,26 +349,37 @@ class ReplyChecks:
                 )
                 continue
             checked: dict[str, dict[str, np.ndarray]] = {}
+            norm = None
             for key in sorted(keys):  # the first bad record drops the reply, counted once
-                tensors = self._check_record(server_round, node, records[key], expected)
+                by_norm = norms and key == reply_key
+                tensors = self._check_record(
+                    server_round, node, records[key], expected, values=not by_norm
+                )
+                if tensors is not None and by_norm:
+                    norm = update_norm(current, tensors, weights, scratch)
+                    if not math.isfinite(norm) and not all_finite(tensors):
+                        self._drop(server_round, node, "non-finite values")
+                        tensors = None
                 if tensors is None:
                     break
                 checked[key] = tensors
             if len(checked) != len(keys):
                 continue
             tensors = checked.pop(reply_key)
-            updates.append(ClientUpdate(node, tensors, metrics, checked))
+            updates.append(ClientUpdate(node, tensors, metrics, checked, norm))
         return updates
 
-    def _check_record(self, server_round, node, record: ArrayRecord, expected) -> dict | None:
+    def _check_record(
+        self, server_round, node, record: ArrayRecord, expected, values: bool = True
+    ) -> dict | None:
         """The record's tensors, or None (and a drop) if its names, shapes, dtypes or
-        values are not those of finite shared parameters."""
+        (``values``) values are not those of finite shared parameters."""
         problem = layout_problem(record, expected)
         if problem:
             self._drop(server_round, node, problem)
             return None
         tensors = {k: array_view(a) for k, a in record.items()}  # views: no second copy
-        if not all(np.isfinite(t).all() for t in tensors.values()):
+        if values and not all_finite(tensors):
             self._drop(server_round, node, "non-finite values")
             return None
         return tensors
