@@ -230,7 +230,12 @@ PLANTS = [
     Plant(
         "ffgg: gradient of the summed loss instead of the mean",
         "pflower/task/train.py",
-        [("    return [g / max(1, n) for g in grads]", "    return grads")],
+        [
+            (
+                "return float(total) / max(1, n), [g / max(1, n) for g in grads]",
+                "return float(total) / max(1, n), grads",
+            )
+        ],
         [T + "test_bring_your_own.py", T + "test_linear.py", T + "test_ffgg.py"],
     ),
     Plant(
@@ -244,8 +249,8 @@ PLANTS = [
         "pflower/task/train.py",
         [
             (
-                "for params, lr in ((first, lr_first), (second, lr_second)):",
-                "for params, lr in ((second, lr_second), (first, lr_first)):",
+                "for params, lr in ((first, lr_first), (second, lr_second))",
+                "for params, lr in ((second, lr_second), (first, lr_first))",
             )
         ],
         [T + "test_exact_rounds.py", T + "test_ffgg.py"],
@@ -335,7 +340,7 @@ PLANTS = [
     Plant(
         "median: lower middle value for even N",
         S + "aggregators.py",
-        [("middle = sorted({(n - 1) // 2, n // 2})", "middle = [(n - 1) // 2]")],
+        [("low, high = (n - 1) // 2, n // 2", "low, high = (n - 1) // 2, (n - 1) // 2")],
         [T + "test_exact_robust.py", T + "test_aggregators.py"],
     ),
     Plant(
@@ -380,11 +385,11 @@ PLANTS = [
     ),
     Plant(
         "pseudo-gradient with the wrong sign (weights-returning strategies)",
-        S + "server.py",
+        S + "combine.py",
         [
             (
-                "(current[k].astype(np.float64) if wide else current[k]) - u.tensors[k]",
-                "u.tensors[k] - (current[k].astype(np.float64) if wide else current[k])",
+                "np.subtract(c.astype(np.float64), out[k], out=out[k])",
+                "np.subtract(out[k], c.astype(np.float64), out=out[k])",
             )
         ],
         [T + "test_exact_rounds.py", T + "test_wire.py"],
@@ -446,8 +451,15 @@ def run_plant(plant: Plant, work: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="run the entries whose name starts with this")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/planted_errors"))
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="write <out>.md and <out>.json (default: benchmarks/results/planted_errors for "
+        "every entry; with --only, the table is printed and nothing is written)",
+    )
     args = parser.parse_args()
+    if args.out is None and not args.only:  # a subset never overwrites the whole table
+        args.out = str(ROOT / "benchmarks/results/planted_errors")
     plants = [p for p in PLANTS if p.name.startswith(args.only)]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -482,10 +494,11 @@ def main() -> None:
     lines.append(f"{len(rows) - missed} of {len(rows)} planted errors caught.")
     table = "\n".join(lines)
     print("\n" + table)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
-    out.with_suffix(".md").write_text(table + "\n")
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+        out.with_suffix(".md").write_text(table + "\n")
     sys.exit(1 if missed else 0)
 
 
