@@ -157,8 +157,11 @@ def load_matching(
         log.warning("stored state %r holds NaN or Inf; re-initialising", key)
         return None
     largest = max(extents, default=0.0)
-    reference = 1.0  # the template's scale and ``scale`` are asked for only beyond 1
-    if largest > STATE_BOUND * reference:  # (the template's: two more passes over it)
+    # the bound is STATE_BOUND x max(1, template's scale, scale): a state within STATE_BOUND
+    # is inside it whatever they are, so the template's scale (a pass over it) is measured
+    # only beyond that
+    reference = 1.0
+    if largest > STATE_BOUND * reference:
         reference = max(1.0, magnitude(template.values()))
     if largest > STATE_BOUND * reference:  # only then the (larger) scale it may be within
         reference = max(scale() if callable(scale) else scale, reference)
