@@ -42,7 +42,18 @@ PLANTS = [
     Plant(
         "apfl: v step without the alpha factor",
         S + "apfl.py",
-        [("t -= eta * g\n", "t -= eta * g / a.detach().clamp_min(1e-3)\n")],
+        [
+            (
+                "t.add_(g, alpha=-eta)",
+                "t.add_(g / a.detach().clamp_min(1e-3), alpha=-eta)",
+            )
+        ],
+        [T + "test_exact_apfl.py", T + "test_apfl.py"],
+    ),
+    Plant(
+        "apfl: v_bar mixed the other way round ((1 - alpha) v + alpha w)",
+        S + "apfl.py",
+        [("return torch.lerp(w, v, alpha)", "return torch.lerp(v, w, alpha)")],
         [T + "test_exact_apfl.py", T + "test_apfl.py"],
     ),
     Plant(
@@ -371,7 +382,7 @@ PLANTS = [
         S + "apfl.py",
         [
             (
-                "criterion(alpha * out_v + (1 - alpha) * out_w, y)",
+                "criterion(_mix(alpha, out_v, out_w), y)",
                 "criterion(alpha * out_v + out_w, y)",
             )
         ],

@@ -183,6 +183,18 @@ def _names(model: nn.Module) -> list[str]:
     return [n for n, _ in model.named_parameters()]
 
 
+def _mix(alpha, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``alpha v + (1 - alpha) w`` as ``torch.lerp(w, v, alpha) = w + alpha (v - w)``: the
+    same value (to rounding), with the same gradients (``alpha`` for v, ``<v - w, grad>``
+    for alpha), in one fused op per tensor instead of four tracked ones (the step's mixing
+    and its backward were ~14% of an APFL step on the MLP: issue 29). A tensor ``alpha``
+    (float64, adaptive) enters cast to v's dtype, a differentiable cast, as the product
+    ``alpha * v`` of a 0-dim float64 tensor and a float32 one was computed in float32 too."""
+    if isinstance(alpha, torch.Tensor):
+        alpha = alpha.to(v.dtype)
+    return torch.lerp(w, v, alpha)
+
+
 class APFLClient(ClientHalf):
     """Local steps on (w, v, alpha) with one minibatch each; sends w."""
 
@@ -223,8 +235,8 @@ class APFLClient(ClientHalf):
             out_v = functional_call(job.model, v, (x,))
             with torch.no_grad():
                 out_w = functional_call(job.model, w, (x,))
-            return criterion(alpha * out_v + (1 - alpha) * out_w, y)
-        mixed = {n: alpha * v[n] + (1 - alpha) * w[n].detach() for n in v}
+            return criterion(_mix(alpha, out_v, out_w), y)
+        mixed = {n: _mix(alpha, v[n], w[n].detach()) for n in v}
         return criterion(functional_call(job.model, mixed, (x,)), y)
 
     def local_steps(
@@ -264,7 +276,7 @@ class APFLClient(ClientHalf):
                     for p, g in zip(params.values(), g_w):
                         p.add_(g, alpha=-eta)
                 for t, g in zip(v.values(), grads[: len(v)]):
-                    t -= eta * g
+                    t.add_(g, alpha=-eta)  # in place: no temporary eta * g per tensor
                 if adaptive:
                     a -= eta * grads[-1]
                     a.clamp_(0.0, 1.0)
@@ -322,7 +334,7 @@ class APFLClient(ClientHalf):
         """Parameter mixing: set the model to v_bar = alpha v + (1 - alpha) w."""
         v, alpha = self.personal_model(job)
         w = splits.get_tensors(job.model, _names(job.model))
-        splits.set_tensors(job.model, {n: alpha * v[n] + (1 - alpha) * w[n] for n in w})
+        splits.set_tensors(job.model, {n: _mix(alpha, v[n], w[n]) for n in w})
 
     def evaluate(self, job: ClientJob, config: Mapping) -> dict[str, float]:
         """Global (w), personalized (v_bar, either mixing) and localized (w after tau local
