@@ -194,3 +194,29 @@ def test_a_scoped_load_from_context_state_decodes_only_the_version_it_returns(mo
     assert _store(raw, server_round=3).load("personal")["w"][0] == 2.0
     assert _store(raw, server_round=2).load("personal")["w"][0] == 1.0  # the .prev version
     assert len(decoded) == 2
+
+
+@pytest.mark.parametrize("backend", ["directory", "context"])
+def test_a_store_keeps_the_values_at_save_and_loads_tensors_the_caller_owns(backend, tmp_path):
+    """The ``Store`` contract the client halves rely on (they save the model's own
+    parameters, and step loaded state in place, without copies of their own): what a save
+    was given can change afterwards, what a load returned can be written to, and neither
+    reaches the stored entry. A parameter that is a view into a larger buffer is stored as
+    itself (``DirectoryStore`` does not write the buffer)."""
+    raw = DirectoryStore(tmp_path) if backend == "directory" else ContextStore(RecordDict())
+    buffer = torch.arange(12.0)
+    param = torch.nn.Parameter(buffer[4:7].view(3))  # a slice of a flat buffer, as some models
+    weight = torch.nn.Parameter(torch.full((2, 2), 5.0))
+    _store(raw).save("personal", {"v": param.detach(), "w": weight.detach()})
+    with torch.no_grad():
+        param.add_(100.0)
+        weight.mul_(-1.0)
+    loaded = _store(raw, server_round=2).load("personal")
+    assert torch.equal(loaded["v"], torch.tensor([4.0, 5.0, 6.0]))
+    assert torch.equal(loaded["w"], torch.full((2, 2), 5.0))
+    loaded["v"].add_(1.0)  # the caller's own: stepping it in place changes nothing stored
+    again = _store(raw, server_round=2).load("personal")
+    assert torch.equal(again["v"], torch.tensor([4.0, 5.0, 6.0]))
+    if backend == "directory":  # the file holds the 3 values, not the 12 of the buffer
+        saved = torch.load(raw.path("personal"), weights_only=True)
+        assert saved["v"].untyped_storage().nbytes() == 3 * 4

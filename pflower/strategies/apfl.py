@@ -302,7 +302,8 @@ class APFLClient(ClientHalf):
         else:
             v, alpha, count = state
         t0 = (int(config[ROUND]) - 1) * tau
-        v = {n: t.clone() for n, t in v.items()}
+        # v is this job's own (a store's load returns new tensors; get_tensors copies): it
+        # is stepped in place, without a copy first
         alpha, loss, seen = self.local_steps(job, v, alpha, lr0=job.lr, first_step=t0, steps=tau)
         self._save(job, v, alpha, count + tau)
         # compute: each step takes its minibatch through the model twice, once for w's

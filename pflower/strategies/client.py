@@ -261,7 +261,8 @@ class ClientJob:
         return stored is not None
 
     def save_personal(self, key: str = PERSONAL) -> None:
-        self.store.save(key, splits.get_tensors(self.model, self.split.personal, self.params))
+        # the parameters themselves: a store keeps the values as they are now (``Store``)
+        self.store.save(key, {n: self.params[n].detach() for n in self.split.personal})
 
 
 def local_dp(

@@ -44,6 +44,15 @@ def check_key(key: str) -> str:
 
 
 class Store(Protocol):
+    """Where a client's personal state lives between its messages.
+
+    ``load`` returns tensors the caller owns: new ones, never a store's own (the client
+    halves train them in place). ``save`` keeps the values as they are at the call: it
+    serializes or copies them, as ``ContextStore`` (into a record's bytes) and
+    ``DirectoryStore`` (into a file) do, since the tensors it is given may be the model's
+    own parameters, which the next message overwrites. (One copy in each direction, not two:
+    issue 29.)"""
+
     def load(self, key: str) -> dict[str, torch.Tensor] | None: ...
 
     def save(self, key: str, tensors: Mapping[str, torch.Tensor]) -> None: ...
@@ -95,7 +104,16 @@ class DirectoryStore:
             aside = path.with_name(f"{path.name}.not-a-file-{os.getpid()}")
             log.warning("personal state %s is not a file; moved aside to %s", path, aside)
             path.rename(aside)
-        save_atomic({n: t.detach().cpu() for n, t in tensors.items()}, path)
+        save_atomic({n: _own_storage(t.detach().cpu()) for n, t in tensors.items()}, path)
+
+
+def _own_storage(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a compact copy where it is a view into a larger storage (``torch.save``
+    writes a tensor's whole storage: a parameter that is a slice of a flat buffer would
+    write the buffer)."""
+    if t.untyped_storage().nbytes() == t.numel() * t.element_size() and t.is_contiguous():
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def save_atomic(obj: object, path: Path) -> None:
