@@ -399,8 +399,8 @@ PLANTS = [
         S + "combine.py",
         [
             (
-                "np.subtract(mid[block], acc_block, out=acc_block, dtype=np.float64)",
-                "np.subtract(acc_block, mid[block], out=acc_block, dtype=np.float64)",
+                "np.subtract(c.astype(np.float64), out[k], out=out[k])",
+                "np.subtract(out[k], c.astype(np.float64), out=out[k])",
             )
         ],
         [T + "test_exact_rounds.py", T + "test_wire.py"],

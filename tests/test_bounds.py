@@ -484,17 +484,16 @@ def test_client_update_norms_in_the_bound_are_those_computed_here():
 
 def test_update_norms_and_means_equal_an_independent_computation():
     """The server's per-reply arithmetic, which reuses float64 buffers across replies and
-    layers and takes the mean block by block (issue 29): each update norm against math.fsum
-    over Python floats of the float32 difference, and the weighted means bit for bit
-    against the plain formulas ``sum_i w_i a_i`` and ``c - sum_i w_i a_i`` in float64 with
-    normalized weights, the latter to float64 rounding against the mean of the updates
-    ``sum_i w_i (c - a_i)``."""
+    layers (issue 29): each update norm against math.fsum over Python floats of the float32
+    difference, and the weighted means bit for bit against the plain formulas
+    ``sum_i w_i a_i`` and ``c - sum_i w_i a_i`` in float64 with normalized weights, the
+    latter to float64 rounding against the mean of the updates ``sum_i w_i (c - a_i)``."""
     from pflower.strategies.checks import update_norms
-    from pflower.strategies.combine import MEAN_BLOCK, weighted_mean, weighted_mean_of_updates
+    from pflower.strategies.combine import weighted_mean, weighted_mean_of_updates
 
     rng = np.random.default_rng(4)
-    # "big": more values than one block of the blocked mean, not a multiple of it
-    shapes = {"w": (5, 7), "b": (5,), "s": (), "big": (3, MEAN_BLOCK // 2 + 7)}
+    # "big": a layer of ~50 k values (the buffers' sizes), one reply's in Fortran order
+    shapes = {"w": (5, 7), "b": (5,), "s": (), "big": (3, 16391)}
     current = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
     replies = [
         {k: (c + rng.standard_normal(c.shape)).astype(np.float32) for k, c in current.items()}

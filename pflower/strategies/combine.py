@@ -35,16 +35,18 @@ def robust_aggregator(cfg: Config) -> Aggregator | None:
     )
 
 
-#: values per block of the streamed mean (``weighted_mean``): a block's float64 sum and
-#: product (2 x 256 KiB) stay in a core's cache while every reply's block is added in
-MEAN_BLOCK = 1 << 15
-
-
 def weighted_mean(
     arrays: list[Mapping[str, np.ndarray]], weights: Iterable[float]
 ) -> dict[str, np.ndarray]:
     """Sum_i w_i a_i / Sum_i w_i, name by name, in float64 then cast back by the caller."""
-    return _blocked_mean(arrays, weights)
+    w = _normalized(weights)
+    out = {}
+    for k, first in arrays[0].items():
+        acc, term = np.zeros(first.shape), np.empty(first.shape)
+        for wi, a in zip(w, arrays):
+            _accumulate(acc, term, a[k], wi)
+        out[k] = acc
+    return out
 
 
 def weighted_mean_of_updates(
@@ -52,44 +54,16 @@ def weighted_mean_of_updates(
     arrays: list[Mapping[str, np.ndarray]],
     weights: Iterable[float],
 ) -> dict[str, np.ndarray]:
-    """``weighted_mean`` of the updates ``current - a_i``, streamed: one block of one reply
+    """``weighted_mean`` of the updates ``current - a_i``, streamed: one layer of one reply
     in float64 at a time instead of N float64 copies of the model.
 
     Computed as ``c - sum_i w_i a_i`` (the weights sum to 1): the same value as
     ``sum_i w_i (c - a_i)`` up to float64 rounding (~1e-16 relative), with the difference
-    taken once per value, not once per reply (issue 29: two passes over a reply's values
+    taken once per layer, not once per reply (issue 29: two passes over a reply's values
     instead of three)."""
-    return _blocked_mean(arrays, weights, center=current)
-
-
-def _blocked_mean(
-    arrays: list[Mapping[str, np.ndarray]],
-    weights: Iterable[float],
-    center: Mapping[str, np.ndarray] | None = None,
-) -> dict[str, np.ndarray]:
-    """``sum_i w_i a_i`` (weights normalized), or ``center - `` it, in float64, block by
-    block: for each ``MEAN_BLOCK`` values of a tensor every reply's block is added into the
-    float64 sum before the next block, so the sum stays in cache instead of going through
-    memory once per reply, and ``center``'s block is subtracted in place, without a float64
-    copy of ``center`` (issue 29: the mean of 10 MLP replies went from ~3.0 to ~1.8 ms, and
-    fresh float64 temporaries cost page faults on every round). Each value gets the same
-    float64 products and sums in the same order (reply by reply) as ``sum(w_i * a_i)``: the
-    result is the same to the bit."""
-    w = _normalized(weights)
-    out = {}
-    term = np.empty(min(MEAN_BLOCK, max((a.size for a in arrays[0].values()), default=0)))
-    for k, first in arrays[0].items():
-        acc = np.zeros(first.size)
-        flats = [a[k].reshape(-1) for a in arrays]  # views (a copy only for Fortran order)
-        mid = None if center is None else np.asarray(center[k]).reshape(-1)
-        for start in range(0, first.size, MEAN_BLOCK):
-            block = slice(start, start + MEAN_BLOCK)
-            acc_block = acc[block]
-            for wi, flat in zip(w, flats):
-                _accumulate(acc_block, term[: acc_block.size], flat[block], wi)
-            if mid is not None:  # float64(c) - sum: the cast is exact, as c.astype(float64)
-                np.subtract(mid[block], acc_block, out=acc_block, dtype=np.float64)
-        out[k] = acc.reshape(first.shape)
+    out = weighted_mean(arrays, weights)
+    for k, c in current.items():
+        np.subtract(c.astype(np.float64), out[k], out=out[k])
     return out
 
 
