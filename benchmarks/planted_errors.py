@@ -101,6 +101,17 @@ PLANTS = [
     ),
     # --- PFLEGO -------------------------------------------------------------------------
     Plant(
+        "pflego: a client without a stored head evaluated with the unfitted init",
+        S + "pflego.py",
+        [
+            (
+                "        if not job.restore_personal():\n            self.new_client(job)\n",
+                "        self.restore_head(job)\n",
+            )
+        ],
+        [T + "test_pflego.py"],
+    ),
+    Plant(
         "pflego: head step size doubled",
         S + "pflego.py",
         [("rate = float(config[HEAD_LR])", "rate = 2 * float(config[HEAD_LR])")],

@@ -326,7 +326,11 @@ class PFLEGOClient(ClientHalf):
         self.head_steps(job, (job.cfg.local_steps or 1) - 1)
 
     def personalize(self, job: ClientJob, final: bool = False) -> None:
-        self.restore_head(job)
+        """Its stored head; a client without one (never sampled yet) is a new client, whose
+        personal part is a fitted head (``new_client``), not the bare U[0, 1) init: an
+        unfitted head would count every such client as hurt by personalization."""
+        if not job.restore_personal():
+            self.new_client(job)
 
 
 def pflego_strategy(cfg: Config, **kwargs) -> PFLEGO:
