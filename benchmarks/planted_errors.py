@@ -57,6 +57,18 @@ PLANTS = [
         [T + "test_exact_apfl.py", T + "test_apfl.py"],
     ),
     Plant(
+        "apfl: v trained on a device copy, not brought back (a GPU's v never learns)",
+        S + "apfl.py",
+        [
+            (
+                "                if v[n] is not given[n]:\n"
+                "                    given[n].copy_(v[n])\n",
+                "                pass\n",
+            )
+        ],
+        [T + "test_apfl.py"],
+    ),
+    Plant(
         "apfl: alpha step with a factor 2",
         S + "apfl.py",
         [("a -= eta * grads[-1]", "a -= 2 * eta * grads[-1]")],

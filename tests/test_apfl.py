@@ -177,3 +177,36 @@ def test_data_passes_count_both_gradients_of_a_step():
     fedavg = job_for({**APFL, "algorithm": "fedavg"})
     _, plain = FedAvgClient().train(fedavg, {"lr": 0.01})
     assert plain["data-passes"] == pytest.approx(tau * batch / n)
+
+
+@pytest.mark.parametrize("stored", [False, True])
+def test_v_trained_on_another_device_comes_back_to_the_store(monkeypatch, stored):
+    """On a GPU, v (loaded or initialised on the CPU) is trained as a device copy; the
+    trained copy must reach the store (it never did: every round started from the untrained
+    v). A transfer that copies, as one to a GPU does, stands in for the device here: the
+    stored v, alpha and w must equal a run on the CPU itself, value for value."""
+    import pflower.strategies.apfl as apfl
+
+    first = job_for({**APFL, "apfl-alpha": 0.3})  # (the thread's model is shared by jobs)
+    start = {n: t.clone() for n, t in get_tensors(first.model, _names(first)).items()}
+
+    def run(copying: bool):
+        job = job_for({**APFL, "apfl-alpha": 0.3})
+        set_tensors(job.model, start)  # both runs from the same w
+        half = APFLClient()
+        if stored:  # a second round, from the state the first one stored
+            half.train(job, {"lr": 0.05, "apfl-round": 1})
+        if copying:
+            monkeypatch.setattr(apfl, "_to_device", lambda t, device: t.detach().clone())
+        reply, _ = half.train(job, {"lr": 0.05, "apfl-round": 2 if stored else 1})
+        v, alpha, steps = half._state(job)
+        monkeypatch.undo()
+        return {n: reply[n].numpy() for n in reply}, v, alpha, steps
+
+    w_cpu, v_cpu, alpha_cpu, steps_cpu = run(copying=False)
+    w_dev, v_dev, alpha_dev, steps_dev = run(copying=True)
+    assert (alpha_dev, steps_dev) == (alpha_cpu, steps_cpu)
+    for n in v_cpu:
+        assert torch.equal(v_dev[n], v_cpu[n]), n
+        np.testing.assert_array_equal(w_dev[n], w_cpu[n])
+    assert any(not torch.equal(v_dev[n], start[n]) for n in start)  # and v did train

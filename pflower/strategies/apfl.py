@@ -183,6 +183,12 @@ def _names(model: nn.Module) -> list[str]:
     return [n for n, _ in model.named_parameters()]
 
 
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``: ``t`` itself where it is there already, else a copy (the tests
+    stand a copying transfer in for a GPU)."""
+    return t.to(device)
+
+
 def _mix(alpha, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``alpha v + (1 - alpha) w`` as ``torch.lerp(w, v, alpha) = w + alpha (v - w)``: the
     same value (to rounding), with the same gradients (``alpha`` for v, ``<v - w, grad>``
@@ -251,12 +257,14 @@ class APFLClient(ClientHalf):
         train_w: bool = True,
         adaptive: bool | None = None,
     ) -> tuple[float, float, int]:
-        """``steps`` APFL steps; returns (alpha, mean minibatch loss of v_bar, examples)."""
+        """``steps`` APFL steps; returns (alpha, mean minibatch loss of v_bar, examples). v is
+        updated in place: the caller's tensors hold the trained v, on their own device."""
         cfg = job.cfg
         adaptive = cfg.apfl_adaptive if adaptive is None else adaptive
         names = _names(job.model)
         params = dict(job.model.named_parameters())
-        v = {n: v[n].to(job.device).requires_grad_(True) for n in names}
+        given = v
+        v = {n: _to_device(given[n], job.device).requires_grad_(True) for n in names}
         a = torch.tensor(alpha, dtype=torch.float64, device=job.device, requires_grad=adaptive)
         criterion = training.loss_fn(job.model)
         total, examples = 0.0, 0
@@ -282,6 +290,10 @@ class APFLClient(ClientHalf):
                     a.clamp_(0.0, 1.0)
             total += float(loss_bar.detach()) * len(y)
             examples += len(y)
+        with torch.no_grad():  # v went to the device as a copy (a GPU): the result comes back
+            for n in names:
+                if v[n] is not given[n]:
+                    given[n].copy_(v[n])
         return float(a.detach()), total / max(1, examples), examples
 
     def _tau(self, job: ClientJob) -> int:
