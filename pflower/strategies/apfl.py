@@ -192,8 +192,9 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 def _mix(alpha, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``alpha v + (1 - alpha) w`` as ``torch.lerp(w, v, alpha) = w + alpha (v - w)``: the
     same value (to rounding), with the same gradients (``alpha`` for v, ``<v - w, grad>``
-    for alpha), in one fused op per tensor instead of four tracked ones (the step's mixing
-    and its backward were ~14% of an APFL step on the MLP: issue 29). A tensor ``alpha``
+    for alpha), in one fused op per tensor instead of four tracked ones (APFL's floor ratio
+    1.39 -> 1.21, ``benchmarks/floor_ab.py``: issue 29). Training, the personalized model and
+    its evaluation all mix here. A tensor ``alpha``
     (float64, adaptive) enters cast to v's dtype, a differentiable cast, as the product
     ``alpha * v`` of a 0-dim float64 tensor and a float32 one was computed in float32 too."""
     if isinstance(alpha, torch.Tensor):
@@ -382,11 +383,10 @@ class _Mixture(nn.Module):
         self.pflower_task = "classification" if training.is_classifier(model) else "regression"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = self.alpha
         if self.mixing == "outputs":
             out_v = functional_call(self.model, self.v, (x,))
-            return a * out_v + (1 - a) * functional_call(self.model, self.w, (x,))
-        mixed = {n: a * self.v[n] + (1 - a) * self.w[n] for n in self.w}
+            return _mix(self.alpha, out_v, functional_call(self.model, self.w, (x,)))
+        mixed = {n: _mix(self.alpha, self.v[n], self.w[n]) for n in self.w}
         return functional_call(self.model, mixed, (x,))
 
 

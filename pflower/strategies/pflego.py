@@ -33,8 +33,9 @@ clients, never trained) are no part of L, so they count in neither I, r nor sum_
 with no usable reply leaves theta unchanged. The passes over the whole local set (Phi, the
 exact gradient) go in chunks of ``eval-batch-size`` examples, so memory stays bounded.
 
-Evaluation: the personalized model is the client's stored head on the current body; the
-"global" model is what a brand-new client gets: a fresh head trained for tau - 1 head steps.
+Evaluation: the personalized model is the client's stored head on the current body (a client
+without one, never sampled yet, is a new client); the "global" model is what a brand-new
+client gets: a fresh head trained for tau - 1 head steps.
 """
 
 from __future__ import annotations
