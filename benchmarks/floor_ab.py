@@ -12,6 +12,14 @@ is quiet) and each side's ratio to the bare rounds of its own processes.
     git worktree add /tmp/before <commit>; git worktree add /tmp/after HEAD
     python benchmarks/floor_ab.py /tmp/before /tmp/after --repeats 3 --out results.jsonl
 
+``--unprotected`` is a diagnostic, not a comparison of checkouts: the second side is the
+first checkout again with the server's per-reply protections taken out (the update-norm
+bound off by run config, ``max-update-norm = 0``; the finiteness check and the float64 mean
+patched into a no-op and a float32 sum): what pflower's ratio would be if it protected
+nothing, which tells the protections' share of it from the rest of the per-message cost.
+
+    python benchmarks/floor_ab.py . . --unprotected --algorithms fedavg fedalt
+
 One JSON line per process (``--out``), then a Markdown table on stdout: CPU seconds per
 training round and the cost centres in microseconds per message (the median over a process's
 rounds, the smallest over its repeats).
@@ -35,23 +43,40 @@ ONE_SIDE = """
 import json, logging, sys
 import torch
 root, algorithm, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+unprotected = sys.argv[4:] == ["unprotected"]
 sys.path[:0] = [root, root + "/benchmarks"]
 import floor
 torch.set_num_threads(1)
 logging.disable(logging.WARNING)
 run, nodes = floor.settings("mnist-5c", algorithm, rounds)
+if unprotected:  # the diagnostic (module docstring): no bound, no finiteness, float32 mean
+    import numpy as np
+    from pflower.strategies import checks, combine
+    run["max-update-norm"] = 0.0
+    checks.all_finite = lambda tensors: True
+    def float32_mean(arrays, weights):  # sum_i w_i a_i in the arrays' dtype, as the bare loop
+        w = np.asarray(list(weights), dtype=np.float64)
+        w = w / w.sum()
+        out = {k: np.zeros_like(first) for k, first in arrays[0].items()}
+        for wi, a in zip(w, arrays):
+            for k, acc in out.items():
+                acc += np.float32(wi) * a[k]
+        return out
+    combine.weighted_mean = float32_mean
 bare = floor.bare_round_cpu(run, nodes, rounds)[1:]
 ours = floor.pflower_round_cpu(run, nodes, "/tmp/pflower-floor-ab", True)
-print(json.dumps({"algorithm": algorithm, "root": root, "bare": bare,
+side = root + (" (unprotected)" if unprotected else "")
+print(json.dumps({"algorithm": algorithm, "root": side, "bare": bare,
                   "pflower": ours["round"][1:], "train": ours["train"][1:],
                   "outside": ours["client_outside_train"][1:], "centres": ours["centres"][1:],
                   "clients-per-round": max(1, round(run["fraction-train"] * nodes))}))
 """
 
 
-def one_side(root: str, algorithm: str, rounds: int) -> dict:
+def one_side(root: str, algorithm: str, rounds: int, unprotected: bool = False) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", ONE_SIDE, root, algorithm, str(rounds)],
+        [sys.executable, "-c", ONE_SIDE, root, algorithm, str(rounds)]
+        + (["unprotected"] if unprotected else []),
         capture_output=True,
         text=True,
         check=True,
@@ -114,19 +139,29 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rounds", type=int, default=21, help="per process; round 1 is not counted")
     p.add_argument("--out", default=None, help="append each process's JSON line to this file")
+    p.add_argument(
+        "--unprotected",
+        action="store_true",
+        help="diagnostic: the second side is the first checkout without the per-reply "
+        "protections (module docstring); AFTER is ignored",
+    )
     args = p.parse_args(argv)
     roots = [str(Path(r).resolve()) for r in (args.before, args.after)]
+    sides = [(roots[0], False), (roots[1], False)]
+    if args.unprotected:
+        sides = [(roots[0], False), (roots[0], True)]
     rows = []
     for rep in range(args.repeats):
         for algorithm in args.algorithms:
-            for root in roots if rep % 2 == 0 else roots[::-1]:
-                row = one_side(root, algorithm, args.rounds)
+            for root, unprotected in sides if rep % 2 == 0 else sides[::-1]:
+                row = one_side(root, algorithm, args.rounds, unprotected)
                 rows.append(row)
-                print(f"repeat {rep + 1}: {algorithm} at {root}", file=sys.stderr, flush=True)
+                done = f"repeat {rep + 1}: {algorithm} at {row['root']}"
+                print(done, file=sys.stderr, flush=True)
                 if args.out:
                     with open(args.out, "a") as f:
                         f.write(json.dumps(row) + "\n")
-    print(table(rows, roots))
+    print(table(rows, list(dict.fromkeys(r["root"] for r in rows))))
     return 0
 
 
