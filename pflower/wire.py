@@ -220,7 +220,13 @@ def array_view(array: Array) -> np.ndarray:
     """The array a message carries, as a read-only view of its bytes (``Array.numpy()``
     copies them: one more copy of every reply while the server aggregates). The bytes are
     NumPy's ``.npy`` format; the header says dtype, shape and order (parsed once per
-    distinct header, ``_parse_npy_header``)."""
+    distinct header, ``_parse_npy_header``).
+
+    Raises ``ValueError`` if the bytes are not the array the ``Array`` says it is: its
+    ``shape`` and ``dtype`` are what the layout checks read (``layout_problem``), and a
+    sender controls both them and the bytes, so a reply stating the shared shape with the
+    bytes of one value (which broadcasts into every coordinate of a mean) or of a complex
+    array must never decode."""
     data = array.data
     if (
         array.stype != "numpy.ndarray"
@@ -231,7 +237,7 @@ def array_view(array: Array) -> np.ndarray:
             b"\x02\x00",
         )
     ):
-        return array.numpy()  # Flower's own path (and its error for anything else)
+        return _as_stated(array, array.numpy())  # Flower's path (its error for the rest)
     if data[6] == 1:
         end = 10 + int.from_bytes(data[8:10], "little")
     else:
@@ -240,8 +246,23 @@ def array_view(array: Array) -> np.ndarray:
     if dtype.hasobject:  # never unpickle (as Array.numpy: allow_pickle=False)
         raise ValueError("object arrays are not accepted")
     count = math.prod(shape)
-    flat = np.frombuffer(data, dtype=dtype, count=count, offset=end)
-    return flat.reshape(shape, order="F" if fortran else "C")
+    flat = np.frombuffer(data, dtype=dtype, count=count, offset=end)  # short data raises
+    return _as_stated(array, flat.reshape(shape, order="F" if fortran else "C"))
+
+
+#: the drop reason of a reply with an array ``array_view`` refuses (one reason, not the
+#: sender's own header text: a client must not choose the server's counters' keys)
+UNDECODABLE = "undecodable array: its bytes are not the dtype and shape it states"
+
+
+def _as_stated(array: Array, value: np.ndarray) -> np.ndarray:
+    """``value``, if it has the ``shape`` and ``dtype`` that ``array`` states."""
+    if tuple(value.shape) != tuple(array.shape) or str(value.dtype) != array.dtype:
+        raise ValueError(
+            f"the array's bytes hold {value.dtype} {tuple(value.shape)}, "
+            f"it states {array.dtype} {tuple(array.shape)}"
+        )
+    return value
 
 
 def to_torch(record: ArrayRecord) -> dict[str, torch.Tensor]:

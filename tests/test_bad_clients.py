@@ -109,6 +109,89 @@ def test_one_huge_finite_reply_is_dropped_and_steers_nothing(algorithm):
         assert max(float(np.abs(v).max()) for v in bad.shared.values()) < 10
 
 
+def npy_bytes(a: np.ndarray) -> bytes:
+    """NumPy's ``.npy`` bytes of ``a``, written here (not by pflower's wire code)."""
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    return buf.getvalue()
+
+
+SPOOFS = {  # what the bytes hold, under a header stating the shared dtype and shape
+    "one value": lambda a: npy_bytes(np.full(1, 0.5, a.dtype)),
+    "complex": lambda a: npy_bytes(np.zeros(a.shape, np.complex64)),
+    "short data": lambda a: npy_bytes(np.zeros(a.shape, a.dtype))[:-8],
+    "transposed": lambda a: npy_bytes(np.zeros(a.shape[::-1], a.dtype)),
+}
+
+
+def spoofing(spoof):
+    """Node 0 states the shared layout (``Array.dtype``, ``.shape``: what the layout
+    check reads) over bytes that hold another array (Flower's constructor allows it)."""
+
+    def tamper(pid, rnd, reply):
+        if pid == 0:
+            key = next(k for k in ("arrays", "delta", "gradient") if k in reply.content)
+            reply.content[key] = ArrayRecord(
+                {
+                    k: Array(
+                        dtype=a.dtype,
+                        shape=tuple(a.shape),
+                        stype="numpy.ndarray",
+                        data=SPOOFS[spoof](a.numpy()),
+                    )
+                    for k, a in reply.content[key].items()
+                }
+            )
+
+    return tamper
+
+
+@pytest.mark.parametrize("spoof", sorted(SPOOFS))
+@pytest.mark.parametrize(
+    "algorithm, extra",
+    [("fedavg", {}), ("ffgg", {}), ("ffgg", {"robust-aggregator": "median"})],
+)
+def test_bytes_that_are_not_the_stated_array_are_dropped(algorithm, extra, spoof):
+    """A reply whose arrays state the shared layout but whose bytes hold one value (it
+    broadcast into every coordinate of the mean, past a norm bound that saw one value),
+    a complex array, too few bytes or the transposed shape: dropped in every round, no
+    crash, and the run equals the one in which that node never answered."""
+    from pflower.server_app import run as run_on
+    from pflower.wire import UNDECODABLE
+
+    run = {**RUN, "algorithm": algorithm, **extra}
+    bad = run_local(run, 3, client_app=tampering_app(run, spoofing(spoof)))
+    assert [e.dropped for e in bad.rounds] == [{UNDECODABLE: 1}] * 2
+    silent = run_on(LocalGrid(build_client_app(run), 3, silent=[0]), Config.from_run_config(run))
+    assert shared_equal(bad.shared, silent.shared)
+
+
+def test_robust_fedavg_drops_bytes_that_are_not_the_stated_array():
+    """``RobustFedAvg`` (a plain Flower project) decodes each reply straight into its row:
+    a one-value reply under the stated shape is dropped, not broadcast, and no crash."""
+    from test_robust_fedavg import quickstart_app
+
+    from pflower.strategies.robust_fedavg import RobustFedAvg
+    from pflower.wire import UNDECODABLE
+
+    honest = quickstart_app({})
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        reply = honest(msg, context)
+        if int(context.node_config["partition-id"]) == 0:
+            spoofing("one value")(0, 0, reply)
+        return reply
+
+    start = ArrayRecord({"w": Array(np.full(4, 5.0, np.float32))})
+    strategy = RobustFedAvg(aggregator=make_aggregator("median"), fraction_train=1.0)
+    strategy.start(grid=LocalGrid(app, 3), initial_arrays=start, num_rounds=2)
+    assert strategy.dropped == {UNDECODABLE: 2}
+
+
 def test_the_norm_bound_keeps_an_honest_client_next_to_a_converged_majority():
     """Gradient replies (PFLEGO's): the round's median shrinks as clients converge, and a
     client sampled again after many rounds sends a gradient hundreds of times that median

@@ -73,6 +73,7 @@ from pflower.wire import (
     CONFIG_MISMATCH,
     GRADIENT,
     NUM_EXAMPLES,
+    UNDECODABLE,
     ClientUpdate,
     array_view,
     layout_problem,
@@ -378,7 +379,11 @@ class ReplyChecks:
         if problem:
             self._drop(server_round, node, problem)
             return None
-        tensors = {k: array_view(a) for k, a in record.items()}  # views: no second copy
+        try:
+            tensors = {k: array_view(a) for k, a in record.items()}  # views: no second copy
+        except (ValueError, TypeError):  # bytes that are not the array stated
+            self._drop(server_round, node, UNDECODABLE)
+            return None
         if values and not all_finite(tensors):
             self._drop(server_round, node, "non-finite values")
             return None

@@ -59,7 +59,7 @@ from flwr.serverapp.strategy import FedAvg
 from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.checks import UpdateNormBound, provisional_scale
-from pflower.wire import layout_problem, metrics_problem
+from pflower.wire import UNDECODABLE, array_view, layout_problem, metrics_problem
 
 # A child of Flower's logger, so the records go wherever Flower's go (console, `flwr log`).
 log = logging.getLogger("flwr.pflower")
@@ -146,10 +146,14 @@ class RobustAggregation:
                 self._drop(node, problem)
                 continue
             row, i = X[len(kept)].numpy(), 0
-            for name, shape, _ in layout:
-                size = int(np.prod(shape))
-                row[i : i + size] = record[name].numpy().ravel()
-                i += size
+            try:  # array_view: the bytes must be the array the layout check read
+                for name, shape, _ in layout:
+                    size = int(np.prod(shape))
+                    row[i : i + size] = array_view(record[name]).ravel()
+                    i += size
+            except (ValueError, TypeError):
+                self._drop(node, UNDECODABLE)
+                continue
             # float32 entries sum in float64 without overflow, and a NaN or Inf anywhere
             # makes the sum non-finite: one pass, no d-sized boolean temporary
             finite = (
