@@ -67,6 +67,7 @@ STRATEGY_ATTRIBUTES = (
     "history",
     "personal_init",
     "claimed_num_examples",
+    "claimed_evaluate_examples",
     "update_norm_reference",
     "final_clients",
     "robust",

@@ -265,6 +265,50 @@ def test_bad_evaluate_replies_are_dropped_and_the_summary_stays_sane():
     assert drops["metric 'global-accuracy' is not finite"] == 1
 
 
+def test_evaluation_claims_are_bounded_like_training_claims():
+    """Evaluation replies weigh the pooled test metrics by their ``num-examples``: a node
+    claiming 1e15 test examples with accuracy 0 and a huge loss (it would set the pooled
+    figures alone) is dropped as above 100 x the known claims' lower median, in every round,
+    and a node whose test set "changes" between rounds is dropped as differing from its
+    first claim; the pooled accuracy stays among the honest clients' own."""
+    run = {**RUN, "algorithm": "fedavg", "evaluate-every": 1}
+
+    def lie(pid, rnd, reply):
+        metrics = reply.content["metrics"]
+        if pid == 0:
+            metrics["num-examples"] = 1e15
+            metrics["personal-accuracy"] = metrics["global-accuracy"] = 0.0
+            metrics["personal-loss"] = 1e300
+        if pid == 1 and rnd == 2:
+            metrics["num-examples"] += 1
+
+    report = run_local(run, NODES, client_app=tampering_app(run, None, lie))
+    drops = Counter(r for e in report.rounds for r in e.dropped)
+    assert sum(n for r, n in drops.items() if "known claims" in r) == 2  # rounds 1 and 2
+    assert sum(n for r, n in drops.items() if "differs from the" in r) == 1
+    final = report.final
+    assert final["clients"] == NODES - 2
+    assert final["personal-accuracy-worst"] <= final["personal-accuracy"] <= 1
+    assert final["personal-loss"] < 100
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_an_evaluation_reply_without_an_accuracy_in_a_small_round_is_no_crash(nodes):
+    """No majority to tell a missing metric in a 1- or 2-reply round: the reply is kept
+    and the summary leaves out the statistics not every client reported (the run used to
+    end in a KeyError at its final evaluation, with no results saved)."""
+    run = {**RUN, "algorithm": "fedavg"}
+
+    def omit(pid, rnd, reply):
+        if pid == 0:
+            del reply.content["metrics"]["personal-accuracy"]
+
+    report = run_local(run, nodes, client_app=tampering_app(run, None, omit))
+    assert report.final["clients"] == nodes
+    assert "personal-accuracy" not in report.final  # hurt is then told by the losses
+    assert 0 <= report.final["global-accuracy"] <= 1
+
+
 def test_krum_round_with_too_few_replies_is_skipped_not_a_crash():
     run = {**RUN, "algorithm": "ffgg", "robust-aggregator": "krum"}
     nan = set_everywhere(np.nan)

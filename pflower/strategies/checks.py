@@ -246,6 +246,9 @@ class ReplyChecks:
             raise ValueError(f"max_failed_rounds = {max_failed_rounds}: must be >= 0 (0: off)")
         self.norm_bound = UpdateNormBound(max_update_norm, update_norm_growth)
         self.claims = ClaimBound(max_num_examples)
+        # evaluation replies weigh the pooled test metrics by their num-examples (the
+        # client's test set): bounded as training claims are, in a pool of their own
+        self.eval_claims = ClaimBound()
         self.max_failed_rounds = max_failed_rounds
         self.failed_rounds = 0  # consecutive training rounds that applied no reply
         self.value_drops: dict[int, int] = {}  # node -> consecutive rounds of value drops
@@ -267,6 +270,14 @@ class ReplyChecks:
     @claimed_num_examples.setter
     def claimed_num_examples(self, value: dict[int, float]) -> None:
         self.claims.claimed = dict(value)
+
+    @property
+    def claimed_evaluate_examples(self) -> dict[int, float]:
+        return self.eval_claims.claimed
+
+    @claimed_evaluate_examples.setter
+    def claimed_evaluate_examples(self, value: dict[int, float]) -> None:
+        self.eval_claims.claimed = dict(value)
 
     # --- who sent what -------------------------------------------------------------------
     def _count_silent(self, server_round: int, replies: list[Message]) -> None:
@@ -315,6 +326,28 @@ class ReplyChecks:
             self._drop(server_round, node, problem)
             return None
         return metrics
+
+    def check_evaluate_claims(
+        self, server_round: int, rows: list[tuple[int, dict]]
+    ) -> list[tuple[int, dict]]:
+        """The evaluation rows (node, metrics) whose ``num-examples`` is believed: what the
+        node claimed in its first accepted evaluation reply, and at most ``factor`` x the
+        lower median of the known evaluation claims (``ClaimBound``); the others dropped."""
+        bound = self.eval_claims
+        kept = []
+        for node, metrics in rows:
+            problem = bound.problem(node, metrics[NUM_EXAMPLES], {})
+            if problem:
+                self._drop(server_round, node, problem)
+            else:
+                kept.append((node, metrics))
+        outliers = bound.outliers({node: m[NUM_EXAMPLES] for node, m in kept}, {})
+        for node, reason in outliers.items():
+            self._drop(server_round, node, reason)
+        kept = [(node, m) for node, m in kept if node not in outliers]
+        for node, metrics in kept:
+            bound.claimed.setdefault(node, metrics[NUM_EXAMPLES])
+        return kept
 
     # --- training replies ----------------------------------------------------------------
     def check_train_replies(

@@ -159,7 +159,9 @@ def summarize_clients(rows: list[dict[str, float]]) -> dict[str, float]:
         for q in (10, 50, 90):
             out[f"{which}-accuracy-p{q}"] = float(np.percentile(acc, q))
         out[f"{which}-accuracy-worst"] = float(acc.min())
-    if "global-accuracy" in out:
+    # (personal-loss is in every row: the server requires it; an accuracy may be missing
+    # from every row of a round, e.g. the one reply of a 1-reply round left it out)
+    if "global-accuracy" in out and "personal-accuracy" in out:
         out["clients-hurt"] = int(sum(r["personal-accuracy"] < r["global-accuracy"] for r in rows))
     elif "global-loss" in out:
         out["clients-hurt"] = int(sum(r["personal-loss"] > r["global-loss"] for r in rows))

@@ -761,6 +761,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             metrics = self._metrics(server_round, msg, [NUM_EXAMPLES, "personal-loss"])
             if metrics is not None:
                 rows.append((self.sender(msg), metrics))
+        rows = self.check_evaluate_claims(server_round, rows)
         # the metrics most clients report (accuracies for a classifier...) every row must
         # have: one reply without them is dropped, not a KeyError in the summary
         counts: dict[str, int] = {}
