@@ -309,6 +309,50 @@ def test_an_evaluation_reply_without_an_accuracy_in_a_small_round_is_no_crash(no
     assert 0 <= report.final["global-accuracy"] <= 1
 
 
+def test_start_up_answers_that_are_no_counts_are_ignored_and_a_lie_is_bounded():
+    """The start-up query (partition ids, PFLEGO's num-train): a NaN, fractional or
+    negative partition id and an infinite num-train are no counts, ignored (``int(nan)``
+    stopped the server before round 1); a num-train of 1e12 among nodes of ~300 is above
+    100 x the claims' lower median and ignored, so it never enters PFLEGO's sum_j N_j (it
+    scaled every honest gradient by ~1e-10)."""
+    from flwr.app import MetricRecord
+
+    answers = {
+        0: {"partition-id": float("nan"), "num-train": 1e12},
+        1: {"partition-id": 1.5, "num-train": float("inf")},
+        2: {"partition-id": -2, "num-train": 300},
+        3: {"partition-id": 3, "num-train": 280},
+        4: {"partition-id": 4, "num-train": 310},
+    }
+    app = ClientApp()
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        answer = answers[int(context.node_config["partition-id"])]
+        return Message(RecordDict({"metrics": MetricRecord(answer)}), reply_to=msg)
+
+    grid = LocalGrid(app, 5)
+    node_of = {int(c.node_config["partition-id"]): n for n, c in grid.contexts.items()}
+    strategy = FedAvg()
+    strategy.query_num_train = True
+    strategy.learn_partitions(grid, timeout=5)
+    assert strategy.partition_of == {node_of[3]: 3, node_of[4]: 4}
+    assert strategy.num_train_of == {node_of[2]: 300, node_of[3]: 280, node_of[4]: 310}
+    run = {**RUN, "algorithm": "pflego"}  # and a run whose nodes answer so goes on
+    honest = build_client_app(run)
+
+    def lying(msg: Message, context: Context) -> Message:
+        reply = honest(msg, context)
+        if msg.metadata.message_type == MessageType.QUERY:
+            pid = int(context.node_config["partition-id"])
+            if pid in (0, 1):  # the lie and the infinity; node 2 answers its own size
+                reply.content["metrics"]["num-train"] = answers[pid]["num-train"]
+        return reply
+
+    report = run_local(run, 3, client_app=lying)
+    assert report.final["clients"] == 3 and all(not e.dropped for e in report.rounds)
+
+
 def test_krum_round_with_too_few_replies_is_skipped_not_a_crash():
     run = {**RUN, "algorithm": "ffgg", "robust-aggregator": "krum"}
     nan = set_everywhere(np.nan)

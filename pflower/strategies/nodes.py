@@ -8,6 +8,7 @@ training. ``PersonalizedStrategy`` mixes it in; it expects ``rng``, ``min_availa
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable, Sequence
 
@@ -16,6 +17,7 @@ from flwr.serverapp import Grid
 
 from pflower.flower_dispatch import index_message_dispatch
 from pflower.flower_waits import cap_pull_backoff
+from pflower.strategies.checks import ClaimBound
 from pflower.wire import CONFIG, METRICS, QUERY
 
 # A child of Flower's logger, so our records go wherever Flower's go (console, `flwr log`).
@@ -102,6 +104,17 @@ class Window:
         return replies
 
 
+def _count(value) -> int | None:
+    """``value`` as a count (a finite non-negative whole number, as a query reply's metric
+    carries it), or None: a NaN, Inf, negative or fractional ``partition-id`` or
+    ``num-train`` is no count (``int(nan)`` raised and stopped the server)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not math.isfinite(value) or value < 0 or value != int(value):
+        return None
+    return int(value)
+
+
 def _innermost(grid):
     """The grid under pflower's wrappers (``Window``, ``RoundDeadline``)."""
     while hasattr(grid, "grid"):
@@ -174,15 +187,26 @@ class NodeSampling:
         messages = [
             Message(content=content, message_type=MessageType.QUERY, dst_node_id=n) for n in nodes
         ]
+        sizes: dict[int, int] = {}
         for reply in grid.send_and_receive(messages, timeout=timeout):
             if reply.has_error() or METRICS not in reply.content:
                 continue
-            pid = reply.content[METRICS].get("partition-id")
-            if isinstance(pid, (int, float)):
-                self.partition_of[reply.metadata.src_node_id] = int(pid)
-            size = reply.content[METRICS].get("num-train")
-            if isinstance(size, (int, float)) and size > 0:
-                self.num_train_of[reply.metadata.src_node_id] = int(size)
+            node = reply.metadata.src_node_id
+            pid = _count(reply.content[METRICS].get("partition-id"))
+            if pid is not None:
+                self.partition_of[node] = pid
+            else:
+                log.warning("node %d: no usable partition-id; it is sampled after the rest", node)
+            size = _count(reply.content[METRICS].get("num-train"))
+            if size:
+                sizes[node] = size
+        # a start-up claim weighs every round (PFLEGO's sum_j N_j): the claims bound holds it
+        # as it holds the replies' (100 x the claims' lower median); a node whose claim is
+        # not believed has none known, and its replies' claims meet the bound round by round
+        outliers = ClaimBound().outliers(sizes, {})
+        for node, reason in sorted(outliers.items()):
+            log.warning("node %d: start-up num-train ignored: %s", node, reason)
+        self.num_train_of.update((n, c) for n, c in sizes.items() if n not in outliers)
 
     def _in_order(self, replies: Iterable[Message]) -> list[Message]:
         """Replies in partition-id order (the order the nodes were sampled in)."""
