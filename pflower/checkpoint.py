@@ -69,6 +69,7 @@ STRATEGY_ATTRIBUTES = (
     "claimed_num_examples",
     "claimed_evaluate_examples",
     "update_norm_reference",
+    "update_norm_first_scale",
     "final_clients",
     "robust",
     "run_tag",

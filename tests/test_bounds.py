@@ -315,6 +315,49 @@ def test_a_growing_attacker_cannot_walk_the_reference_up(monkeypatch):
     assert max(b / m for b, m in zip(bounds, honest_medians)) <= 1000 * 2
 
 
+def test_a_lone_attacker_before_seeding_cannot_raise_the_scale(monkeypatch):
+    """The honest nodes miss rounds 1-5 (errors: slow or crashed devices look alike); node
+    0, alone in them, sends w = theta + 0.99 max(||theta||, 0.1 sqrt d) e each round (e on
+    the first layer's column for pixel 0, always 0 in digits: honest training never
+    notices). While the reference is unseeded every round's bound stays at most S_1 (it
+    was S_t, which each accepted reply raised, and the reference seeded from it grew a
+    millionfold in 20 such rounds); once the honest nodes are back the seeded reference is
+    at most max(S_1 / K, the largest honest norm) (the threat model's guarantee)."""
+    rounds = []
+    real = UpdateNormBound.bound
+
+    def recording(self, norms, kind, scale):
+        out = real(self, norms, kind, scale)
+        rounds.append((list(norms), scale, out, dict(self.reference)))
+        return out
+
+    monkeypatch.setattr(UpdateNormBound, "bound", recording)
+    late = 5
+
+    def attack(pid, rnd, vector, sent):
+        if rnd > late:
+            return None
+        if pid != 0:
+            raise RuntimeError("late")
+        params = {k: v for k, v in sent.items() if k != "config"}
+        size = sum(v.size for v in params.values())
+        c = 0.99 * max(norm(params), 0.1 * np.sqrt(size))
+        new = {k: np.zeros_like(v) for k, v in vector.items()}
+        new["1.weight"][:, 0] = -c / np.sqrt(new["1.weight"].shape[0])  # theta - w
+        return new
+
+    run = {**RUN, "algorithm": "fedavg", "num-server-rounds": late + 3, "evaluate-every": 100}
+    run["max-failed-rounds"] = 0  # rounds of dropped replies and errors only: the run goes on
+    report = run_local(run, 3, client_app=attacking_app(run, attack))
+    s_1 = rounds[0][1]
+    unseeded = [out for _, _, out, ref in rounds if not ref]
+    assert len(unseeded) == late and max(unseeded) <= s_1 * (1 + 1e-12)
+    assert max(scale for _, scale, _, _ in rounds[:late]) > 1.05 * s_1  # S_t did grow
+    assert drops(report, "update norm") >= late - 1  # each growth past S_1 is dropped
+    honest = max(n for norms, *_ in rounds[late:] for n in norms)
+    assert rounds[-1][3][True] <= max(s_1 / 1000, honest) * (1 + 1e-12)
+
+
 def test_a_lie_about_num_examples_from_the_first_reply_of_a_two_node_federation():
     """Node 0 claims 1e6 x its examples from its very first reply, in 2-reply rounds: it
     meets the other node's claim, not its own, and is dropped every round."""

@@ -23,7 +23,9 @@ delta, or ``current - returned weights``) has a norm of at most ``K x R``, ``K``
   gradients under server Adam).
 - ``R`` is seeded by the first round of at least 2 replies: ``max(S / K, m)``, ``m`` its
   *lower median* (the ceil(N/2)-th smallest norm); until then every round's bound is ``S``
-  (of that round's parameters). Afterwards it moves only in rounds of at least 2 replies:
+  (of that round's parameters, but never above ``S_1``, the first round's: the updates a
+  lone client gets accepted must not raise the bound). Afterwards it moves only in rounds of
+  at least 2 replies:
   ``R <- max(R, min(m, g R))``, ``g`` = ``update-norm-growth``. It never decreases (a client
   sending tiny updates cannot get honest ones dropped later), it grows by at most ``g`` per
   round whatever anyone sends, and with at most floor(N/2) Byzantine replies in a round ``m``
@@ -32,7 +34,7 @@ delta, or ``current - returned weights``) has a norm of at most ``K x R``, ``K``
 - Guarantee: with at most floor(N/2) Byzantine replies in every round of 2 or more, ``R``
   never exceeds ``max(S_1 / K, the largest honest update norm so far)`` and, after being
   seeded in round r_1, ``R <= g^(r - r_1) R_(r_1)`` whatever anyone sends; before it is seeded
-  a round accepts at most ``S_t``. In a (weighted) mean of N
+  a round accepts at most ``min(S_t, S_1)``. In a (weighted) mean of N
   replies, f Byzantine ones move the aggregate by at most their share of the weights x
   ``K R`` beyond the honest mean. If that damage makes the honest updates themselves grow,
   ``R`` follows them at most ``g`` per round. Keeping the model within the honest spread is a
@@ -176,10 +178,17 @@ class UpdateNormBound:
         self.factor, self.growth = factor, growth
         #: the reference per reply kind (True: returned weights; False: vectors)
         self.reference: dict[bool, float] = {}
+        #: per kind, ``S`` of the first round that checked replies of that kind: the scale
+        #: never rises above it (a lone client's accepted updates raise ``S_t``: one that
+        #: doubled ||theta|| in each of 20 one-reply rounds raised S_t, and the reference
+        #: it then seeded, a millionfold)
+        self.first_scale: dict[bool, float] = {}
 
     def bound(self, norms: Sequence[float], kind: bool, scale: float) -> float:
         """This round's bound on update norms; moves the reference of ``kind`` first
-        (``scale``: ``S``, the floor of a reference not yet seeded)."""
+        (``scale``: ``S_t``, of which the floor of a reference not yet seeded is
+        ``min(S_t, S_1) / K``)."""
+        scale = min(scale, self.first_scale.setdefault(kind, scale))
         reference = self.reference.get(kind)
         if reference is None:  # not seeded: S / K, or the first multi-reply round's median
             reference = scale / self.factor
@@ -270,6 +279,14 @@ class ReplyChecks:
     @claimed_num_examples.setter
     def claimed_num_examples(self, value: dict[int, float]) -> None:
         self.claims.claimed = dict(value)
+
+    @property
+    def update_norm_first_scale(self) -> dict[bool, float]:
+        return self.norm_bound.first_scale
+
+    @update_norm_first_scale.setter
+    def update_norm_first_scale(self, value: dict[bool, float]) -> None:
+        self.norm_bound.first_scale = dict(value)
 
     @property
     def claimed_evaluate_examples(self) -> dict[int, float]:
