@@ -234,6 +234,14 @@ class ClaimBound:
         }
 
 
+def _part_state(part: str, name: str) -> property:
+    """A dict ``name`` of the check ``part`` as an attribute of the strategy (set: a copy)."""
+    return property(
+        lambda self: getattr(getattr(self, part), name),
+        lambda self, value: setattr(getattr(self, part), name, dict(value)),
+    )
+
+
 class ReplyChecks:
     """Mixin of ``PersonalizedStrategy``: checks replies, drops and counts bad ones, bounds
     the rest. It expects ``_asked``, ``_sent``, ``_current``, ``reply_key``,
@@ -263,38 +271,11 @@ class ReplyChecks:
         self.value_drops: dict[int, int] = {}  # node -> consecutive rounds of value drops
         self._round_value_drops: set[int] = set()
 
-    # checkpointed state (``pflower.checkpoint``) under the names it always had
-    @property
-    def update_norm_reference(self) -> dict[bool, float]:
-        return self.norm_bound.reference
-
-    @update_norm_reference.setter
-    def update_norm_reference(self, value: dict[bool, float]) -> None:
-        self.norm_bound.reference = dict(value)
-
-    @property
-    def claimed_num_examples(self) -> dict[int, float]:
-        return self.claims.claimed
-
-    @claimed_num_examples.setter
-    def claimed_num_examples(self, value: dict[int, float]) -> None:
-        self.claims.claimed = dict(value)
-
-    @property
-    def update_norm_first_scale(self) -> dict[bool, float]:
-        return self.norm_bound.first_scale
-
-    @update_norm_first_scale.setter
-    def update_norm_first_scale(self, value: dict[bool, float]) -> None:
-        self.norm_bound.first_scale = dict(value)
-
-    @property
-    def claimed_evaluate_examples(self) -> dict[int, float]:
-        return self.eval_claims.claimed
-
-    @claimed_evaluate_examples.setter
-    def claimed_evaluate_examples(self, value: dict[int, float]) -> None:
-        self.eval_claims.claimed = dict(value)
+    # checkpointed state (``pflower.checkpoint``), under the names it always had
+    update_norm_reference = _part_state("norm_bound", "reference")
+    update_norm_first_scale = _part_state("norm_bound", "first_scale")
+    claimed_num_examples = _part_state("claims", "claimed")
+    claimed_evaluate_examples = _part_state("eval_claims", "claimed")
 
     # --- who sent what -------------------------------------------------------------------
     def _count_silent(self, server_round: int, replies: list[Message]) -> None:
