@@ -70,6 +70,7 @@ STRATEGY_ATTRIBUTES = (
     "claimed_evaluate_examples",
     "update_norm_reference",
     "update_norm_first_scale",
+    "extra_norm_bounds",
     "final_clients",
     "robust",
     "run_tag",

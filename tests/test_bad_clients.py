@@ -353,6 +353,51 @@ def test_start_up_answers_that_are_no_counts_are_ignored_and_a_lie_is_bounded():
     assert report.final["clients"] == 3 and all(not e.dropped for e in report.rounds)
 
 
+@pytest.mark.parametrize("robust", [False, True])
+def test_scaffold_control_deltas_meet_the_bound_and_the_robust_rule(monkeypatch, robust):
+    """Scaffold's second reply record, the control delta, is applied to every client's
+    every step through c. One node of 4 sending 1e30 in it (its delta honest) is dropped by
+    the control delta's own norm bound in every round (it used to push c to 2.5e29, after
+    which every honest update was dropped and the run stopped); and with the median, a
+    control delta 30 x the honest ones, within the bound, no longer moves c beyond the
+    honest nodes' scale (the rule combined the deltas only: c took a plain mean)."""
+    from pflower.strategies.scaffold import Scaffold
+
+    controls = []
+    real = Scaffold.aggregate
+
+    def recording(self, server_round, current, updates):
+        out = real(self, server_round, current, updates)
+        controls.append(max(float(np.abs(c).max()) for c in self.control.values()))
+        return out
+
+    monkeypatch.setattr(Scaffold, "aggregate", recording)
+    run = {**RUN, "algorithm": "scaffold", "num-server-rounds": 3, "evaluate-every": 3}
+    if robust:
+        run.update({"robust-aggregator": "median", "robust-byzantine": 1})
+
+    def huge(factor):
+        def tamper(pid, rnd, reply):
+            if pid == 0:
+                record = reply.content["control-delta"]
+                reply.content["control-delta"] = ArrayRecord(
+                    {k: Array(factor(a.numpy())) for k, a in record.items()}
+                )
+
+        return tamper
+
+    report = run_local(run, 4, client_app=tampering_app(run, huge(lambda a: np.full_like(a, 1e30))))
+    assert reasons(report)["update norm"] == 3  # once per round: "update norm of control-delta"
+    assert all("control-delta" in r for e in report.rounds for r in e.dropped)
+    assert max(controls) < 1.0
+    if robust:
+        honest = run_local(run, 4, client_app=tampering_app(run))
+        scale = max(controls[-3:])
+        controls.clear()
+        run_local(run, 4, client_app=tampering_app(run, huge(lambda a: 30 * a)))
+        assert max(controls) < 3 * scale and all(not e.dropped for e in honest.rounds)
+
+
 def test_krum_round_with_too_few_replies_is_skipped_not_a_crash():
     run = {**RUN, "algorithm": "ffgg", "robust-aggregator": "krum"}
     nan = set_everywhere(np.nan)

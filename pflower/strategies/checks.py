@@ -266,6 +266,7 @@ class ReplyChecks:
         # evaluation replies weigh the pooled test metrics by their num-examples (the
         # client's test set): bounded as training claims are, in a pool of their own
         self.eval_claims = ClaimBound()
+        self.extra_norm_bounds: dict[str, UpdateNormBound] = {}  # by record (``extra``)
         self.max_failed_rounds = max_failed_rounds
         self.failed_rounds = 0  # consecutive training rounds that applied no reply
         self.value_drops: dict[int, int] = {}  # node -> consecutive rounds of value drops
@@ -441,20 +442,45 @@ class ReplyChecks:
 
     def _bound_norms(self, server_round, current, updates: list[ClientUpdate]):
         weights = self.pretraining(server_round) or self.reply_key == ARRAYS
-        norms = update_norms(current, updates, weights)
-        scale = provisional_scale(current, self.step_factor(server_round))
-        bound = self.norm_bound.bound(norms, weights, scale)
+        updates = self._bound_record(
+            server_round, current, updates, None, self.norm_bound, weights,
+            self.step_factor(server_round),
+        )  # fmt: skip
+        if self.pretraining(server_round):
+            return updates
+        # the algorithm's other records (Scaffold's control deltas) meet a bound of their
+        # own: vectors in gradient units, so S = ||theta|| / the client lr (a record the
+        # server applies unbounded is one a single client can blow up)
+        lr = float(self.schedule(server_round)["lr"])
+        for key in self.extra_reply_keys:
+            limit = self.extra_norm_bounds.setdefault(
+                key, UpdateNormBound(self.norm_bound.factor, self.norm_bound.growth)
+            )
+            updates = self._bound_record(server_round, current, updates, key, limit, False, lr)
+        return updates
+
+    def _bound_record(
+        self, server_round, current, updates, key, limit: UpdateNormBound, weights, factor
+    ) -> list[ClientUpdate]:
+        """The updates whose record ``key`` (None: the reply's update) is within ``limit``."""
+        if key is None:
+            norms = update_norms(current, updates, weights)
+        else:
+            scratch: dict[str, np.ndarray] = {}
+            norms = np.array([update_norm({}, u.extra[key], False, scratch) for u in updates])
+        bound = limit.bound(norms, weights, provisional_scale(current, factor))
         privacy = getattr(self, "privacy", None)
         if privacy is not None:  # local DP: an honest noised update is long, never dropped
             size = sum(int(np.size(a)) for a in current.values())
             bound = max(bound, privacy.reply_norm_allowance(size))
+        what = "" if key is None else f" of {key}"
         kept = []
         for u, size in zip(updates, norms):
             if size > bound:
                 self._drop(
                     server_round,
                     u.node_id,
-                    f"update norm {size:.3g} > max-update-norm x reference = {bound:.3g}",
+                    f"update norm{what} {size:.3g} > max-update-norm x reference = {bound:.3g}",
                 )
             else:
                 kept.append(u)

@@ -34,7 +34,6 @@ from pydantic import Field
 
 from pflower.settings import Settings
 from pflower.strategies.client import ClientJob, train_metrics
-from pflower.strategies.combine import weighted_mean
 from pflower.strategies.fedavg import FedAvgClient
 from pflower.strategies.registry import Algorithm
 from pflower.strategies.server import PersonalizedStrategy
@@ -108,7 +107,9 @@ class Scaffold(PersonalizedStrategy):
             mean_dc = {k: joint[tag + k] for k in self.control}
         else:
             mean_delta = self.combine([u.tensors for u in updates], ones)
-            mean_dc = weighted_mean([u.extra[CONTROL_DELTA] for u in updates], ones)
+            # the robust rule (when set) combines the control deltas too: c is applied to
+            # every client's every step, a Byzantine Delta c as much as a Byzantine delta
+            mean_dc = self.combine([u.extra[CONTROL_DELTA] for u in updates], ones)
         share = len(updates) / max(self.num_nodes, len(updates))
         # np.asarray: a 0-dim c plus a scalar is a NumPy scalar, which Array refuses
         self.control = {
