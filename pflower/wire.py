@@ -250,6 +250,10 @@ def array_view(array: Array) -> np.ndarray:
     return _as_stated(array, flat.reshape(shape, order="F" if fortran else "C"))
 
 
+#: how much of a client's own error text a drop reason keeps (the reasons are the keys of
+#: the drop counts in ``results.json``: a client must not fill them with megabytes)
+REASON_CHARS = 1000
+
 #: the drop reason of a reply with an array ``array_view`` refuses (one reason, not the
 #: sender's own header text: a client must not choose the server's counters' keys)
 UNDECODABLE = "undecodable array: its bytes are not the dtype and shape it states"

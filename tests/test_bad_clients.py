@@ -398,6 +398,36 @@ def test_scaffold_control_deltas_meet_the_bound_and_the_robust_rule(monkeypatch,
         assert max(controls) < 3 * scale and all(not e.dropped for e in honest.rounds)
 
 
+def test_a_client_cannot_write_megabytes_or_infinity_into_the_results():
+    """A client's error text becomes a key of the drop counts: cut at REASON_CHARS. Finite
+    metrics near 1e308 (they pass the finiteness check) overflow a weighted mean: the
+    statistic is left out of the round's metrics and the summary, and results.json stays
+    strict JSON (no ``Infinity``)."""
+    import json
+
+    from pflower.strategies.history import summarize_clients, weighted_mean_metrics
+    from pflower.wire import REASON_CHARS
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        raise RuntimeError("x" * 10**6)
+
+    report = run_local({**RUN, "algorithm": "fedavg", "max-failed-rounds": 0}, 2, app)
+    keys = [r for e in report.rounds for r in e.dropped]
+    assert keys and max(len(k) for k in keys) == REASON_CHARS
+    rows = [
+        {"num-examples": 10.0, "train-loss": 1.7e308, "x": 1.0},
+        {"num-examples": 10.0, "train-loss": 1.7e308, "x": 3.0},
+    ]
+    assert weighted_mean_metrics(rows) == {"num-examples": 20.0, "x": 2.0}
+    rows = [{"num-examples": 1e3, "personal-loss": 1e306, "personal-accuracy": 0.5}] * 2
+    summary = summarize_clients(rows)
+    assert "personal-loss" not in summary and summary["personal-accuracy"] == 0.5
+    json.dumps(summary, allow_nan=False)
+
+
 def test_krum_round_with_too_few_replies_is_skipped_not_a_crash():
     run = {**RUN, "algorithm": "ffgg", "robust-aggregator": "krum"}
     nan = set_everywhere(np.nan)

@@ -75,6 +75,7 @@ from pflower.wire import (
     CONFIG_MISMATCH,
     GRADIENT,
     NUM_EXAMPLES,
+    REASON_CHARS,
     UNDECODABLE,
     ClientUpdate,
     array_view,
@@ -311,9 +312,10 @@ class ReplyChecks:
             reason = str(msg.error.reason)
             if CONFIG_MISMATCH in reason:  # the client's own words follow the count's key
                 reason = reason[reason.index(CONFIG_MISMATCH) :].rstrip("'>\"")
-                self._drop(server_round, node, reason)
             else:
-                self._drop(server_round, node, f"client error: {reason}")
+                reason = f"client error: {reason}"
+            # the client's own words, cut short: they become a key of the counts
+            self._drop(server_round, node, reason[:REASON_CHARS])
             return None
         records = msg.content.metric_records
         if len(records) != 1:

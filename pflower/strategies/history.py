@@ -5,6 +5,7 @@ the bytes each round put on the wire (``WireCount``)."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -131,12 +132,23 @@ def weighted_mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
         pairs = [(r[key], w) for r, w in zip(rows, weights) if key in r and np.isfinite(r[key])]
         if pairs:
             values, ws = zip(*pairs)
-            out[key] = float(np.average(values, weights=ws))
+            with np.errstate(over="ignore", invalid="ignore"):
+                mean = float(np.average(values, weights=ws))
+            if math.isfinite(mean):  # finite values near 1e308 may sum past it: left out
+                out[key] = mean
     return out
 
 
 def summarize_clients(rows: list[dict[str, float]]) -> dict[str, float]:
-    """Pooled and per-client statistics of personalized (and global) test accuracy and loss."""
+    """Pooled and per-client statistics of personalized (and global) test accuracy and loss;
+    a statistic that overflows (finite losses near 1e308 from a bad client) is left out,
+    never written as ``Infinity`` into ``results.json``."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = _summary(rows)
+    return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+def _summary(rows: list[dict[str, float]]) -> dict[str, float]:
     n = np.asarray([r[NUM_EXAMPLES] for r in rows], dtype=float)
     out: dict[str, float] = {"clients": len(rows), NUM_EXAMPLES: float(n.sum())}
     for which in ("personal", "global", "localized"):

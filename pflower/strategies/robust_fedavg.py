@@ -59,7 +59,13 @@ from flwr.serverapp.strategy import FedAvg
 from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.checks import UpdateNormBound, provisional_scale
-from pflower.wire import UNDECODABLE, array_view, layout_problem, metrics_problem
+from pflower.wire import (
+    REASON_CHARS,
+    UNDECODABLE,
+    array_view,
+    layout_problem,
+    metrics_problem,
+)
 
 # A child of Flower's logger, so the records go wherever Flower's go (console, `flwr log`).
 log = logging.getLogger("flwr.pflower")
@@ -126,7 +132,7 @@ class RobustAggregation:
         for msg in replies:
             node = msg.metadata.src_node_id
             if msg.has_error():
-                self._drop(node, f"client error: {msg.error.reason}")
+                self._drop(node, f"client error: {str(msg.error.reason)[:REASON_CHARS]}")
                 continue
             record = msg.content.array_records.get(self.arrayrecord_key)
             metrics = list(msg.content.metric_records.values())
