@@ -644,3 +644,56 @@ def test_round_deadline_follows_the_work():
     assert grid.timeouts[-1] == 5.0
     assert deadline.get_node_ids() == [1, 2]
     assert Config.from_run_config({}).round_timeout == 0.0
+
+
+def test_a_client_answering_just_before_the_deadline_cannot_stretch_it():
+    """round-timeout 0: a client that answers each round just before the deadline made the
+    next deadline 10 x as long, round after round (600 s, 6 000 s, 60 000 s...). An
+    exchange now counts its slowest reply up to 10 x its lower-median one (and a 1-message
+    exchange after the first counts nothing), so the deadline stays near the honest work;
+    an honest straggler within 10 x the median is still waited for in full."""
+    from pflower.strategies.nodes import RoundDeadline
+
+    class Timed:  # a grid whose replies arrive at given seconds (as Window times them)
+        def __init__(self):
+            self.timeouts, self.times = [], []
+
+        def send_and_receive(self, messages, *, timeout):
+            self.timeouts.append(timeout)
+            self.arrivals = [min(t, 0.99 * timeout) for t in self.times]
+            return list(messages)
+
+    grid = Timed()
+    deadline = RoundDeadline(grid, first=600.0, factor=10.0, floor=1.0)
+    for _ in range(6):  # 3 honest nodes at 0.5 s, the attacker just before the deadline
+        grid.times = [0.5, 0.5, 0.5, float("inf")]
+        deadline.send_and_receive(["a", "b", "c", "d"])
+    assert grid.timeouts == [600.0] + [50.0] * 5  # 10 x min(594, 10 x 0.5)
+    grid.times = [0.5, float("inf")]  # two replies: the lower median is the honest one
+    deadline.send_and_receive(["a", "b"])
+    grid.times = [float("inf")]  # alone in an exchange: lengthens nothing
+    deadline.send_and_receive(["a"])
+    deadline.send_and_receive(["a"])
+    assert grid.timeouts[-3:] == [50.0] * 3
+    honest = RoundDeadline(Timed(), first=600.0, factor=10.0, floor=1.0)
+    honest.grid.times = [0.5, 0.6, 4.0]  # a straggler at 8 x the median: counted in full
+    honest.send_and_receive(["a", "b", "c"])
+    assert honest.limit == pytest.approx(40.0)
+
+
+def test_window_times_its_replies():
+    """``Window.arrivals``: seconds from the exchange's start to each reply, what
+    RoundDeadline reads (Flower's engines always go through a Window)."""
+    from pflower.strategies.nodes import Window
+
+    grid = LocalGrid(build_client_app({**RUN, "algorithm": "fedavg"}), 3)
+    queries = [
+        Message(
+            RecordDict({"config": ConfigRecord({"query": "partition-id"})}), n, MessageType.QUERY
+        )
+        for n in grid.get_node_ids()
+    ]
+    window = Window(grid, None, pull_interval=0.01)
+    replies = list(window.send_and_receive(queries))
+    assert len(replies) == 3 and len(window.arrivals) == 3
+    assert all(0 <= t < 60 for t in window.arrivals)

@@ -28,12 +28,29 @@ class RoundDeadline:
     """A ``Grid`` whose exchanges without an explicit timeout wait as long as the work
     needs: ``first`` seconds for the first (start-up, data loading), then ``factor`` times the
     slowest complete exchange so far, at least ``floor`` seconds. A node that died then costs
-    a round about ten times its normal length, not an hour. Everything else is the grid's."""
+    a round about ten times its normal length, not an hour. Everything else is the grid's.
+
+    An exchange's length is its slowest reply's, but at most ``spread`` times its *lower
+    median* reply's (the ceil(N/2)-th to arrive, over a grid that times its replies:
+    ``Window.arrivals``), and an exchange of one message after the first lengthens nothing.
+    So a client that answers just before the deadline cannot stretch it: it made the next
+    deadline ten times as long, round after round; now, while at most floor(N/2) of an
+    exchange's replies are its, the deadline stays within ``factor x spread`` times an
+    honest reply's time (an honest straggler up to ``spread`` times the median is waited
+    for in full). Flower's engines (simulation, deployment) always run through a
+    ``Window``; pflower's in-process ``LocalGrid``, whose clients are this process's own
+    code, answers for its silent nodes at once and is timed by the exchange."""
 
     def __init__(
-        self, grid: Grid, first: float = 600.0, factor: float = 10.0, floor: float = 120.0
+        self,
+        grid: Grid,
+        first: float = 600.0,
+        factor: float = 10.0,
+        floor: float = 120.0,
+        spread: float = 10.0,
     ) -> None:
         self.grid, self.first, self.factor, self.floor = grid, first, factor, floor
+        self.spread = spread
         self.slowest: float | None = None
 
     def __getattr__(self, name: str):
@@ -51,8 +68,14 @@ class RoundDeadline:
             return self.grid.send_and_receive(messages, timeout=timeout)
         started = time.monotonic()
         replies = list(self.grid.send_and_receive(messages, timeout=self.limit))
-        if messages and len(replies) == len(messages):  # a complete exchange: its length
-            self.slowest = max(self.slowest or 0.0, time.monotonic() - started)
+        complete = bool(messages) and len(replies) == len(messages)
+        if complete and (len(messages) > 1 or self.slowest is None):
+            arrivals = sorted(getattr(self.grid, "arrivals", None) or [])
+            if len(arrivals) != len(replies):  # a grid that does not time its replies
+                arrivals = [time.monotonic() - started]
+            median = arrivals[math.ceil(len(arrivals) / 2) - 1]
+            length = min(arrivals[-1], self.spread * median)
+            self.slowest = max(self.slowest or 0.0, length)
         return replies
 
 
@@ -80,6 +103,7 @@ class Window:
         if not pull_interval > 0:
             raise ValueError(f"pull interval {pull_interval}: must be > 0 seconds")
         self.grid, self.size, self.pull_interval = grid, size, pull_interval
+        self.arrivals: list[float] = []  # the last exchange's reply times (send_and_receive)
 
     def __getattr__(self, name: str):
         return getattr(self.grid, name)
@@ -89,6 +113,8 @@ class Window:
         deadline = None if timeout is None else time.monotonic() + timeout
         outstanding: set[str] = set()
         replies: list[Message] = []
+        started = time.monotonic()
+        self.arrivals = []  # seconds from the start to each reply (RoundDeadline reads them)
         while waiting or outstanding:
             room = len(waiting) if self.size is None else self.size - len(outstanding)
             if waiting and room > 0:
@@ -96,6 +122,7 @@ class Window:
                 outstanding.update(i for i in self.grid.push_messages(batch) if i)
             got = list(self.grid.pull_messages(outstanding)) if outstanding else []
             replies.extend(got)
+            self.arrivals += [time.monotonic() - started] * len(got)
             outstanding.difference_update(m.metadata.reply_to_message_id for m in got)
             if deadline is not None and time.monotonic() >= deadline:
                 break
