@@ -444,10 +444,10 @@ class ReplyChecks:
 
     def _bound_norms(self, server_round, current, updates: list[ClientUpdate]):
         weights = self.pretraining(server_round) or self.reply_key == ARRAYS
+        factor = self.step_factor(server_round)
         updates = self._bound_record(
-            server_round, current, updates, None, self.norm_bound, weights,
-            self.step_factor(server_round),
-        )  # fmt: skip
+            server_round, current, updates, None, self.norm_bound, weights, factor
+        )
         if self.pretraining(server_round):
             return updates
         # the algorithm's other records (Scaffold's control deltas) meet a bound of their
