@@ -57,6 +57,7 @@ DeviceName = Literal["auto", "cpu", "cuda"]
 ServerOptimizerName = Literal["auto", "sgd", "adam"]
 LRSchedule = Literal["constant", "linear", "exponential"]
 DPMode = Literal["none", "central", "local"]
+DPSampling = Literal["fixed", "poisson"]
 #: whether the clients' personal state carries across runs (``context_store.ScopedStore``)
 PersonalState = Literal["experiment", "run"]
 #: what the console shows of a run (``report.console``)
@@ -693,7 +694,32 @@ class RunSettings(Settings):
         0.0,
         alias="dp-clip-count-stddev",
         ge=0,
-        description="std of the noise on the unclipped count; `0`: sample size / 20 (Flower's)",
+        description=(
+            "std s of the noise on the unclipped count; needs s > z / 2; `0`: sample size / 20 "
+            "(Flower's) where that is above z, else z"
+        ),
+    )
+    dp_sampling: DPSampling = Field(
+        "fixed",
+        alias="dp-sampling",
+        description=(
+            "central DP: how the training clients are drawn and accounted: `fixed` (`fraction-"
+            "train` × the eligible nodes, without replacement; replace-one neighbours, RDP) or "
+            "`poisson` (each eligible node on its own coin with probability `fraction-train`, "
+            "the mean over the expected size; add/remove neighbours as DP-FedAvg, RDP and PLD, "
+            "the tighter)"
+        ),
+    )
+    dp_canaries: int = Field(
+        0,
+        alias="dp-canaries",
+        ge=0,
+        description=(
+            "central DP: this many canary clients (random directions, sampled like a client) "
+            "for a one-shot empirical ε of the final model (Andrew et al. 2024), reported "
+            "beside the accountant's; they move the model a little: audits, not production; "
+            "`0`: none"
+        ),
     )
     dp_noise_seed: int = Field(
         -1,
@@ -922,6 +948,20 @@ class RunSettings(Settings):
                 "have; use dp = 'local' (the rule then only post-processes noised updates) or "
                 "robust-aggregator = 'none'"
             )
+        if self.dp == "local" and self.dp_sampling == "poisson":
+            raise ConfigError(
+                "key 'dp-sampling' = 'poisson' with dp = 'local': local DP is accounted per "
+                "client without amplification, so the sampling changes nothing; use 'fixed'"
+            )
+        if self.dp == "local" and self.dp_canaries:
+            raise ConfigError(
+                f"key 'dp-canaries' = {self.dp_canaries} with dp = 'local': the canaries enter "
+                "the server's noised sum, which local DP does not have; use dp = 'central' or 0"
+            )
+        if self.dp_adaptive_clip and self.dp_clip_count_stddev and self.dp_noise > 0:
+            problem = dp_adaptive_problem(self.dp_noise, self.dp_clip_count_stddev)
+            if problem:
+                raise ConfigError(problem)
         if self.dp == "local" and self.dp_adaptive_clip:
             raise ConfigError(
                 "key 'dp-adaptive-clip' = true with dp = 'local': adaptive clipping needs the "
@@ -1047,6 +1087,21 @@ class RunSettings(Settings):
             and name not in mine
             and getattr(self, name) != info.default
         }
+
+
+def dp_adaptive_problem(noise: float, stddev: float, sample: float | None = None) -> str:
+    """Why adaptive clipping cannot run at noise multiplier ``noise`` with count noise
+    ``stddev`` ('' if it can): the updates' share of the budget, ``z^-2 - (2 s)^-2`` (Flower's
+    ``compute_adaptive_noise_params``), must be positive: ``z < 2 s``."""
+    if noise <= 0 or noise < 2 * stddev:
+        return ""
+    per_round = f"; {sample:g} clients per round" if sample else ""
+    return (
+        f"keys 'dp-adaptive-clip' = true, 'dp-noise' = {noise:.4g}, 'dp-clip-count-stddev' = "
+        f"{stddev:g}: the count's noise must be more than half the noise multiplier (z < 2 s"
+        f"{per_round}); set 'dp-clip-count-stddev' >= {noise:.4g} (or 0: chosen so it works) "
+        "or a fixed clip"
+    )
 
 
 def _one_of(key: str, value: str, names: tuple[str, ...], alternative: str = "") -> None:

@@ -58,26 +58,58 @@ class RunReport:
     def privacy(self) -> dict | None:
         """The run's differential privacy as spent (``dp`` not ``none``): mode, clip, noise
         multiplier, (epsilon, delta) after the last training round (epsilon ``None``: clipping
-        only, no guarantee), the accountant and its sampling model."""
+        only, no guarantee; the tightest valid accountant's), each accountant's epsilon for
+        the run's sampling and neighbour relation, for a fixed-size sample the Poisson
+        accounting of the same rounds as a comparison, and the canary estimate if asked."""
         spent = [r.train for r in self.rounds if "dp-epsilon" in r.train]
         if self.cfg.dp == "none" or not spent:
             return None
         last = spent[-1]
-        return {
+        amplified = bool(last.get("dp-amplified", 1.0))
+        by_accountant = {
+            k.removeprefix("dp-epsilon-"): v for k, v in last.items() if k.startswith("dp-epsilon-")
+        }
+        if self.cfg.dp == "local":
+            sampling = "no amplification, per client (the most sampled), replace-one neighbours"
+        elif self.cfg.dp_sampling == "poisson":
+            sampling = (
+                "Poisson (each client with probability fraction-train), add/remove neighbours"
+            )
+        else:
+            sampling = "fixed-size sample without replacement, replace-one neighbours"
+        if self.cfg.dp == "central" and not amplified:
+            sampling += "; the sample is reproducible, so no amplification is counted"
+        out = {
             "mode": self.cfg.dp,
-            "epsilon": None if last["dp-epsilon"] == float("inf") else last["dp-epsilon"],
+            "epsilon": _finite(last["dp-epsilon"]),
             "delta": self.cfg.dp_delta,
             "noise-multiplier": last["dp-noise"],
             "clip": last["dp-clip"],
             "adaptive-clip": self.cfg.dp_adaptive_clip,
             "training-rounds": len(spent),
-            "accountant": "Flower RdpAccountant (dp-accounting)",
-            "sampling": (
-                "without replacement, replace-one neighbours"
-                if self.cfg.dp == "central"
-                else "no amplification, per client (the most sampled)"
-            ),
+            "sampling": sampling,
+            "amplified": amplified and self.cfg.dp == "central",
+            "accountant": "dp-accounting, the tightest of: "
+            + ", ".join(k for k in by_accountant if not k.startswith("poisson-")),
+            "epsilon-by-accountant": {
+                k: _finite(v) for k, v in by_accountant.items() if not k.startswith("poisson-")
+            },
         }
+        compared = {
+            k.removeprefix("poisson-"): _finite(v)
+            for k, v in by_accountant.items()
+            if k.startswith("poisson-")
+        }
+        if compared:
+            out["comparison-poisson-add-remove"] = {
+                **compared,
+                "note": "the same rounds had each client been sampled on its own coin at q = m / N "
+                "(dp-sampling = 'poisson'); not this run's guarantee",
+            }
+        if "dp-canary-epsilon" in last:
+            out["canary-epsilon"] = _finite(last["dp-canary-epsilon"])
+            out["canaries"] = self.cfg.dp_canaries
+        return out
 
     @property
     def dropped(self) -> int:
@@ -210,6 +242,11 @@ def write(report: RunReport, out: Path | None = None) -> Path:
     if any("theta-error" in r.server for r in report.rounds):
         _plot_convergence(report, out / "convergence.png")
     return out
+
+
+def _finite(value: float) -> float | None:
+    """An epsilon for JSON: ``None`` for infinity (no guarantee)."""
+    return None if value == float("inf") else value
 
 
 def _csv_row(client: dict) -> dict:

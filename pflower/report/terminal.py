@@ -67,10 +67,30 @@ def privacy_line(report) -> str | None:
         return None
     clip = "adaptive, now " if spent["adaptive-clip"] else ""
     eps = "∞" if spent["epsilon"] is None else _epsilon(spent["epsilon"])
-    return (
+    line = (
         f"privacy: dp {spent['mode']} (user-level, shared updates) | clip {clip}"
         f"{spent['clip']:.3g} | noise multiplier {spent['noise-multiplier']:.3g} | ε = {eps} "
         f"at δ = {spent['delta']:g} after {spent['training-rounds']} training rounds"
+    )
+    line += f" | {spent['sampling']}: " + _by_accountant(spent["epsilon-by-accountant"])
+    compared = spent.get("comparison-poisson-add-remove")
+    if compared:
+        line += " | had it been Poisson, add/remove (a comparison): " + _by_accountant(
+            {k: v for k, v in compared.items() if k != "note"}
+        )
+    if "canary-epsilon" in spent:
+        found = spent["canary-epsilon"]
+        line += (
+            f" | canary estimate ({spent['canaries']} canaries, final model): ε ≈ "
+            f"{'∞' if found is None else _epsilon(found)}"
+        )
+    return line
+
+
+def _by_accountant(epsilons: dict) -> str:
+    """``RDP 8, PLD 7.9``: each accountant's epsilon."""
+    return ", ".join(
+        f"{name.upper()} {'∞' if eps is None else _epsilon(eps)}" for name, eps in epsilons.items()
     )
 
 

@@ -3,7 +3,9 @@ exist: wait for the federation to settle, learn each node's partition id (and tr
 size) once, sample uniformly **without replacement** from a seeded generator over the nodes
 in partition-id order (node ids are random per run), and keep hold-out clients out of
 training. ``PersonalizedStrategy`` mixes it in; it expects ``rng``, ``min_available_nodes``,
-``holdout_fraction``, ``partition_of``, ``num_train_of`` and ``query_num_train``."""
+``holdout_fraction``, ``partition_of``, ``num_train_of``, ``query_num_train`` and
+``poisson_train`` (central DP's Poisson sampling: each node on its own coin), and notes how many
+nodes a training sample was drawn from (``sampled_from``)."""
 
 from __future__ import annotations
 
@@ -261,6 +263,10 @@ class NodeSampling:
         if train and self.holdout_fraction:  # held-out partitions never train
             held = self.held_out(nodes)
             nodes = [n for n in nodes if n not in held]
+        if train:  # the population this round sampled from (DP's q: nodes join and leave)
+            self.sampled_from = len(nodes)
+        if train and self.poisson_train:  # dp-sampling = "poisson": a coin per node, may be none
+            return [n for n in nodes if self.rng.random() < fraction]
         return self._ordered(self.rng.sample(nodes, max(1, round(fraction * len(nodes)))))
 
     def held_out(self, nodes: Sequence[int]) -> set[int]:

@@ -33,23 +33,47 @@ clips its own update to ``C`` and adds ``N(0, (z C)^2 I)`` before it sends it
 (``local_release``): the server, trusted or not, only ever sees noised updates, and whatever
 it does with them, robust rules included, is post-processing.
 
-**Accounting** (Flower's ``RdpAccountant``, Rényi DP through Google's ``dp-accounting``).
-Neighbouring federations differ in one client's data set (user-level DP).
+**Accounting** (Google's ``dp-accounting``, after every released round). Neighbouring
+federations differ in one client's data set (user-level DP); every round is a Gaussian event
+whose sampling probability comes from the clients eligible when it was sampled (nodes join and
+leave: a round that sampled ``m`` of the ``N_t`` online, trainable nodes is ``q_t = m / N_t``).
 
-- central: pflower samples ``m`` of the ``N`` trainable clients without replacement, so each
-  round is a ``SampledWithoutReplacement`` Gaussian event under the *replace-one* relation
-  (Wang, Balle & Kasiviswanathan 2019, Thm. 27). Replacing one client moves the sum of
-  clipped updates by up to ``2C``, so the event's noise multiplier (noise std over
-  sensitivity) is ``z C / 2C = z / 2``.
+- central, ``dp-sampling = "fixed"`` (the default): ``m`` of the ``N_t`` clients without
+  replacement, the *replace-one* relation: replacing one client's data moves the sum of
+  clipped updates by up to ``2C``, so the event's multiplier (noise std over sensitivity) is
+  ``z C / 2C = z / 2``; RDP with Wang, Balle & Kasiviswanathan's bound (AISTATS 2019, Thm.
+  27). dp-accounting's PLD has no event for a fixed-size sample, and a Poisson event does not
+  bound one (Lebeda et al. 2024: the two can differ many times over), so RDP alone is this
+  run's guarantee; the Poisson accounting of the same rounds is reported beside it as a
+  comparison (``poisson-rdp``, ``poisson-pld``), not as this run's guarantee.
+- central, ``dp-sampling = "poisson"`` (DP-FedAvg, McMahan et al. 2018; what TensorFlow
+  Federated and pfl-research account): each eligible client is sampled on its own coin with
+  ``q = fraction-train``, the mean divides by the expected size ``q N_t`` (fixed: it must not
+  depend on who was drawn), *add/remove* neighbours: sensitivity ``C``, multiplier ``z``;
+  RDP and PLD (privacy loss distributions, Koskela et al. / Doroshenko et al.), the tighter
+  of the two is the run's epsilon and calibrates ``dp-epsilon``.
 - local: a client's report is a Gaussian mechanism of sensitivity ``2C`` and std ``z C``
   (multiplier ``z / 2``) each time it is sampled, without amplification (it knows it was
-  sampled); the run's epsilon is that of the client sampled most often so far.
+  sampled); the run's epsilon is that of the client sampled most often so far (RDP and PLD,
+  the tighter).
+- a sample anyone can reproduce (``Mechanism.start(..., amplified=False)``) amplifies
+  nothing: every round is accounted as the Gaussian mechanism alone.
 
 ``dp-epsilon`` with ``dp-noise = -1`` calibrates ``z`` so that the planned rounds spend exactly
 that budget at ``dp-delta`` (bisection on the accountant: ``noise_for_epsilon``); with both
 set, a run whose plan would exceed the budget is refused before its first round, and a round
-that would exceed it (the population changed) stops the run with Flower's
-``PrivacyBudgetExhausted``.
+that would exceed it (the population shrank) stops the run with Flower's
+``PrivacyBudgetExhausted``. A round in which no reply was kept is released all the same (the
+noised mean of no contribution) and accounted.
+
+**Empirical check** (``dp-canaries = k``; Andrew et al., ICLR 2024, "One-shot empirical
+privacy estimation for federated learning"): ``k`` canary clients, each a fixed random
+direction, join the population and are sampled like a client; each time, their update of
+norm ``C`` enters the sum before the noise. After the last round, the cosines of the final
+model's movement with the canaries, fitted by a Gaussian, are compared with those of a
+direction the model never saw (``N(0, 1/d)``); the epsilon of that pair of Gaussians is an
+estimate of what the final model reveals (``dp-canary-epsilon``), to be read beside the
+accountant's bound, which covers every intermediate model too.
 
 **Why not Flower's wrappers and mods.** ``DifferentialPrivacyServerSide*Clipping`` wrap a
 strategy's ``aggregate_train`` and clip each reply's single ``ArrayRecord`` of *weights*
@@ -60,8 +84,9 @@ update (``compute_clip_model_update``): right for weights, wrong for a gradient 
 refused for Scaffold's two records. pflower's mean sits inside each algorithm's ``aggregate``
 (before its server optimizer, after the reply checks), over gradients, deltas and weights, so
 the mechanism is here and uses Flower's pieces underneath the wrappers: ``clip_inputs_inplace``,
-``compute_stdv``, ``compute_adaptive_noise_params``, ``RdpAccountant`` and
-``PrivacyBudgetExhausted`` (Flower's ``add_gaussian_noise_inplace`` draws from NumPy's global
+``compute_stdv``, ``compute_adaptive_noise_params`` and ``PrivacyBudgetExhausted``; the
+accountant is dp-accounting's own (Flower's ``RdpAccountant`` holds one population for the
+whole run and has no PLD) (Flower's ``add_gaussian_noise_inplace`` draws from NumPy's global
 generator, so the noise is drawn here from a generator of its own).
 
 **Noise source.** OS entropy unless ``dp-noise-seed`` >= 0. A seeded noise is reproducible
@@ -71,8 +96,10 @@ and, for anyone who knows the seed, no noise at all: for tests and experiments o
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -87,6 +114,12 @@ if TYPE_CHECKING:
     from pflower.config import Config
 
 NONE, CENTRAL, LOCAL = "none", "central", "local"
+FIXED, POISSON = "fixed", "poisson"  # dp-sampling
+RDP, PLD = "rdp", "pld"  # the accountants
+#: PLD's discretization of the privacy loss (dp-accounting's default is 1e-4): its pessimistic
+#: rounding keeps epsilon an upper bound at any interval; 1e-3 is 3-10x faster and moves the
+#: sweep's epsilons by under 0.2 %
+PLD_INTERVAL = 1e-3
 
 #: honest local-DP replies are never dropped by the update-norm bound: ``||N(0, s^2 I_d)||``
 #: exceeds ``s (sqrt(d) + t)`` with probability below ``exp(-t^2 / 2)`` (Gaussian
@@ -108,6 +141,8 @@ class DPSettings:
     clip_lr: float = 0.2
     count_stddev: float = 0.0
     seed: int = -1
+    sampling: str = FIXED
+    canaries: int = 0
 
     @classmethod
     def of(cls, cfg: Config) -> DPSettings:
@@ -122,6 +157,8 @@ class DPSettings:
             clip_lr=cfg.dp_clip_lr,
             count_stddev=cfg.dp_clip_count_stddev,
             seed=cfg.dp_noise_seed,
+            sampling=cfg.dp_sampling,
+            canaries=cfg.dp_canaries,
         )
 
     @property
@@ -165,102 +202,302 @@ def local_release(
     return out
 
 
-def _accountant(delta: float, population: int, local: bool):
+# --- accounting ----------------------------------------------------------------------------
+#: a released round as the accountant composes it: (q, sample, population): a fixed-size
+#: sample of ``sample`` of the ``population`` clients eligible when it was drawn (q = their
+#: ratio), or a Poisson sample at rate q (sample = population = 0)
+Release = tuple[float, int, int]
+
+
+@contextmanager
+def _quiet_absl():
+    """dp-accounting's RDP logs a warning for each order whose series does not converge
+    (the order is left out; the bound stays valid): dozens per call at small z."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
     try:
-        import dp_accounting  # noqa: F401  (Flower's RdpAccountant imports it on first use)
-        from flwr.serverapp import RdpAccountant
-        from flwr.supercore.privacy_accounting import (
-            NeighboringRelation,
-            PrivacyConfig,
-            SamplingMethod,
-        )
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _dp_accounting():
+    try:
+        import dp_accounting
     except ImportError as err:
         from pflower.settings import ConfigError
 
         raise ConfigError(
-            f"key 'dp': the accountant needs Flower >= 1.35 with Google's dp-accounting "
-            f"({err}); pip install 'pflower[dp]'"
+            f"key 'dp': the accountant needs Google's dp-accounting ({err}); "
+            "pip install 'pflower[dp]'"
         ) from None
-
-    return RdpAccountant(
-        PrivacyConfig(
-            target_delta=delta,
-            population_size=population,
-            neighboring_relation=(
-                NeighboringRelation.ADD_OR_REMOVE_ONE if local else NeighboringRelation.REPLACE_ONE
-            ),
-            sampling_method=(
-                SamplingMethod.NO_AMPLIFICATION if local else SamplingMethod.WITHOUT_REPLACEMENT
-            ),
-        )
-    )
+    return dp_accounting
 
 
-def _event(noise: float, sample: int, population: int):
-    from flwr.supercore.privacy_accounting import GaussianPrivacyEvent
+def _event(noise: float, release: Release, sampling: str, amplified: bool):
+    """One round as a dp-accounting event. Fixed-size, replace-one: replacing a client's data
+    moves the sum of clipped updates by up to 2C, noise std z C: multiplier z / 2, sampled
+    without replacement (Wang, Balle & Kasiviswanathan 2019). Poisson, add/remove: adding or
+    removing a client moves the sum by up to C: multiplier z at rate q (McMahan et al. 2018).
+    Not amplified (a sample anyone can reproduce): the Gaussian alone, every round."""
+    events = _dp_accounting().dp_event
+    q, sample, population = release
+    gaussian = events.GaussianDpEvent(noise / 2 if sampling == FIXED else noise)
+    if not amplified:
+        return gaussian
+    if sampling == FIXED:
+        if sample >= population:
+            return gaussian
+        return events.SampledWithoutReplacementDpEvent(population, sample, gaussian)
+    return gaussian if q >= 1 else events.PoissonSampledDpEvent(q, gaussian)
 
-    # the sum of clipped updates moves by up to 2C when one client's data is replaced
-    return GaussianPrivacyEvent(
-        noise_multiplier=noise / 2, sample_size=sample, population_size=population
-    )
 
-
-def epsilon_of(
-    noise: float, rounds: int, sample: int, population: int, delta: float, local: bool = False
-) -> float:
-    """(epsilon at ``delta``) after ``rounds`` releases of noise multiplier ``noise`` (pflower's
-    ``z``: std ``z C`` on the sum), ``sample`` of ``population`` clients per round; local: one
-    client's reports, ``rounds`` of them."""
-    return spent(noise, ((sample, rounds),), population, delta, local)
+def supports(accountant: str, sampling: str, amplified: bool = True) -> bool:
+    """Whether ``accountant`` gives a valid bound for that sampling: dp-accounting's PLD
+    has no event for a sample without replacement, and its add/remove PLD (the two
+    directions composed apart) is no bound under replace-one (Lebeda et al. 2024); RDP
+    covers every case (Wang, Balle & Kasiviswanathan's bound for the fixed-size sample)."""
+    return accountant == RDP or sampling == POISSON or not amplified
 
 
 @functools.lru_cache(maxsize=4096)
 def spent(
     noise: float,
-    ledger: tuple[tuple[int, int], ...],
-    population: int,
+    ledger: tuple[tuple[Release, int], ...],
     delta: float,
-    local: bool = False,
+    sampling: str = FIXED,
+    accountant: str = RDP,
+    amplified: bool = True,
 ) -> float:
-    """(epsilon at ``delta``) after the releases of ``ledger`` ((sample size, rounds) pairs)
-    at noise multiplier ``noise``, from a fresh Flower ``RdpAccountant``: identical releases
-    compose in one call (``compose(event, count)``: their RDP once, times the count), so a
-    round costs one RDP evaluation, not one per past round. Memoized: a run asks for each
-    (ledger) once when it checks the next round and once when it releases it."""
+    """(epsilon at ``delta``) after the releases of ``ledger`` ((release, rounds) pairs) at
+    noise multiplier ``noise`` (pflower's z: std z C on the sum), from a fresh dp-accounting
+    accountant: identical releases compose in one call (``compose(event, count)``), so a round
+    costs one evaluation per distinct release, not one per past round. Memoized: a run asks
+    for each ledger when it checks the next round and again when it releases it."""
     if not any(rounds for _, rounds in ledger):
         return 0.0
     if noise == 0:  # clipping only
         return math.inf
-    acc = _accountant(delta, 1 if local else population, local)
-    for sample, rounds in ledger:
-        if rounds:
-            acc.compose(_event(noise, 1 if local else sample, 1 if local else population), rounds)
-    return acc.get_epsilon(delta)
+    if not supports(accountant, sampling, amplified):
+        raise ValueError(f"accountant {accountant!r} gives no bound for sampling {sampling!r}")
+    dpa = _dp_accounting()
+    relation = dpa.NeighboringRelation
+    if accountant == PLD:
+        from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+
+        # a plain Gaussian at z / 2 has the PLD of replace-one at z under the add/remove form
+        acc = PLDAccountant(relation.ADD_OR_REMOVE_ONE, value_discretization_interval=PLD_INTERVAL)
+    else:
+        from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
+
+        acc = RdpAccountant(
+            neighboring_relation=relation.REPLACE_ONE
+            if sampling == FIXED
+            else relation.ADD_OR_REMOVE_ONE
+        )
+    with _quiet_absl():
+        for release, rounds in ledger:
+            if rounds:
+                acc.compose(_event(noise, release, sampling, amplified), rounds)
+        return float(acc.get_epsilon(delta))
+
+
+def epsilons(
+    noise: float,
+    ledger: tuple[tuple[Release, int], ...],
+    delta: float,
+    sampling: str = FIXED,
+    amplified: bool = True,
+) -> dict[str, float]:
+    """Epsilon under every accountant that bounds this sampling: ``rdp`` and, where it is a
+    bound, ``pld``."""
+    return {
+        name: spent(noise, ledger, delta, sampling, name, amplified)
+        for name in (RDP, PLD)
+        if supports(name, sampling, amplified)
+    }
+
+
+def guarantee(
+    noise: float,
+    ledger: tuple[tuple[Release, int], ...],
+    delta: float,
+    sampling: str = FIXED,
+    amplified: bool = True,
+) -> float:
+    """The run's epsilon: the tightest of the valid accountants (each is an upper bound on
+    the same mechanism's privacy loss, so their minimum is one too)."""
+    return min(epsilons(noise, ledger, delta, sampling, amplified).values())
+
+
+def poisson_comparison(
+    noise: float, ledger: tuple[tuple[Release, int], ...], delta: float
+) -> dict[str, float]:
+    """What a fixed-size run's rounds would have spent had each client been sampled on its
+    own coin at the same rate q = m / N, add/remove neighbours (``dp-sampling = "poisson"``,
+    DP-FedAvg's accounting): a comparison with what most deployments report, not this run's
+    guarantee (Lebeda et al. 2024: the two can differ many times over)."""
+    as_poisson: dict[Release, int] = {}
+    for (q, _, _), rounds in ledger:
+        as_poisson[(q, 0, 0)] = as_poisson.get((q, 0, 0), 0) + rounds
+    return epsilons(noise, tuple(sorted(as_poisson.items())), delta, POISSON)
+
+
+def plan(rounds: int, sample: int, population: int, sampling: str = FIXED, rate: float = 0.0):
+    """The ledger of ``rounds`` identical releases: ``sample`` of ``population`` (fixed), or
+    at rate ``rate`` (Poisson; ``sample / population`` if not given)."""
+    if sampling == POISSON:
+        release: Release = (rate or sample / population, 0, 0)
+    else:
+        release = (sample / population, sample, population)
+    return ((release, rounds),)
+
+
+def epsilon_of(
+    noise: float,
+    rounds: int,
+    sample: int,
+    population: int,
+    delta: float,
+    local: bool = False,
+    sampling: str = FIXED,
+    amplified: bool = True,
+) -> float:
+    """(epsilon at ``delta``) after ``rounds`` releases of noise multiplier ``noise``, ``sample``
+    of ``population`` clients per round (Poisson: at rate ``sample / population``), by the
+    tightest valid accountant; local: one client's ``rounds`` reports, no amplification."""
+    if local:
+        return guarantee(noise, plan(rounds, 1, 1), delta, FIXED, amplified=False)
+    return guarantee(noise, plan(rounds, sample, population, sampling), delta, sampling, amplified)
 
 
 def noise_for_epsilon(
-    epsilon: float, rounds: int, sample: int, population: int, delta: float, local: bool = False
+    epsilon: float,
+    rounds: int,
+    sample: int,
+    population: int,
+    delta: float,
+    local: bool = False,
+    sampling: str = FIXED,
+    amplified: bool = True,
 ) -> float:
     """The smallest noise multiplier ``z`` (to 0.1 %) whose ``rounds`` releases spend at most
-    ``epsilon`` at ``delta``: bisection on ``epsilon_of``, decreasing in ``z``."""
+    ``epsilon`` at ``delta`` (the tightest valid accountant): bisection on ``epsilon_of``,
+    decreasing in ``z``."""
+
+    def eps(z: float) -> float:
+        return epsilon_of(z, rounds, sample, population, delta, local, sampling, amplified)
+
     low, high = 0.01, 1.0
-    while epsilon_of(high, rounds, sample, population, delta, local) > epsilon:
+    while eps(high) > epsilon:
         low, high = high, high * 2
         if high > 1e4:
             raise ValueError(f"no noise multiplier below 1e4 reaches epsilon {epsilon}")
     while high - low > 1e-3 * high:
         mid = (low + high) / 2
-        if epsilon_of(mid, rounds, sample, population, delta, local) > epsilon:
+        if eps(mid) > epsilon:
             low = mid
         else:
             high = mid
     return high
 
 
+def count_stddev(noise: float, sample: float, configured: float = 0.0) -> float:
+    """Adaptive clipping's noise std on the count of unclipped updates: ``dp-clip-count-stddev``
+    if set, else Flower's ``m / 20`` where it can be used, else ``z``. Flower's
+    ``compute_adaptive_noise_params`` needs ``z < 2 s`` (it raises otherwise: at ``m / 20``
+    for every ``z >= m / 10``, the sweep's z = 6.75 at m = 60) and multiplies the updates'
+    noise by ``(1 - (z / 2s)^2)^(-1/2)``: over 2x from ``s < z / sqrt(3)``; ``s = z`` costs
+    1.155x."""
+    if configured or noise == 0:
+        return configured  # z = 0: clipping only, the count as exact as the updates
+    return max(sample / 20, noise)
+
+
+# --- the empirical check -------------------------------------------------------------------
+def gaussian_pair_delta(epsilon: float, p: tuple[float, float], q: tuple[float, float]) -> float:
+    """``sup_S P(S) - e^epsilon Q(S)`` for the 1-D Gaussians ``P = N(p)``, ``Q = N(q)`` (mean,
+    std): the set where ``log p/q > epsilon`` is where a quadratic is positive, whose mass under
+    each Gaussian is a difference of normal CDFs."""
+    from scipy.special import ndtr
+
+    (m1, s1), (m0, s0) = p, q
+    a = 1 / (2 * s0**2) - 1 / (2 * s1**2)
+    b = m1 / s1**2 - m0 / s0**2
+    c = m0**2 / (2 * s0**2) - m1**2 / (2 * s1**2) + math.log(s0 / s1) - epsilon
+    # intervals of x where a x^2 + b x + c > 0
+    if abs(a) < 1e-12 * max(abs(b), 1 / s0**2):
+        if b == 0:
+            intervals = [(-math.inf, math.inf)] if c > 0 else []
+        else:
+            root = -c / b
+            intervals = [(root, math.inf)] if b > 0 else [(-math.inf, root)]
+    else:
+        disc = b * b - 4 * a * c
+        if disc <= 0:
+            intervals = [(-math.inf, math.inf)] if a > 0 else []
+        else:
+            r1, r2 = sorted(((-b - math.sqrt(disc)) / (2 * a), (-b + math.sqrt(disc)) / (2 * a)))
+            intervals = [(-math.inf, r1), (r2, math.inf)] if a > 0 else [(r1, r2)]
+
+    def mass(mean: float, std: float) -> float:
+        return sum(ndtr((hi - mean) / std) - ndtr((lo - mean) / std) for lo, hi in intervals)
+
+    return max(0.0, mass(m1, s1) - math.exp(epsilon) * mass(m0, s0))
+
+
+def gaussian_pair_epsilon(p: tuple[float, float], q: tuple[float, float], delta: float) -> float:
+    """The smallest epsilon at which the Gaussians ``N(p)`` and ``N(q)`` (mean, std) are
+    (epsilon, delta)-indistinguishable, both ways (bisection, to 1e-4)."""
+
+    def over(eps: float) -> bool:
+        return max(gaussian_pair_delta(eps, p, q), gaussian_pair_delta(eps, q, p)) > delta
+
+    if not over(0.0):
+        return 0.0
+    low, high = 0.0, 1.0
+    while over(high):
+        low, high = high, high * 2
+        if high > 1e6:
+            return math.inf
+    while high - low > 1e-4 * max(high, 1.0):
+        mid = (low + high) / 2
+        low, high = (mid, high) if over(mid) else (low, mid)
+    return high
+
+
+def canary_estimate(cosines: Sequence[float], dimension: int, delta: float) -> float:
+    """Andrew et al. (ICLR 2024), one-shot: the final model's cosines with the inserted
+    canaries, fitted by a Gaussian, against the cosine of a random direction it never saw,
+    ``N(0, 1/d)`` (exactly its mean and variance on the sphere): the epsilon of that pair."""
+    values = np.asarray(cosines, dtype=np.float64)
+    fitted = (float(values.mean()), float(values.std(ddof=1)))
+    return gaussian_pair_epsilon(fitted, (0.0, 1 / math.sqrt(dimension)), delta)
+
+
+def canary_direction(seed: int, canary: int, shapes: Mapping[str, tuple[int, ...]]):
+    """Canary ``canary``'s unit direction over the arrays ``shapes`` (in their order):
+    isotropic, from its own stream of ``seed``, drawn again wherever it is needed (never all
+    held at once)."""
+    rng = np.random.default_rng([seed, 1 << 20, canary])
+    flat = rng.standard_normal(sum(int(np.prod(s)) for s in shapes.values()))
+    flat /= np.linalg.norm(flat)
+    out, at = {}, 0
+    for name, shape in shapes.items():
+        size = int(np.prod(shape))
+        out[name] = flat[at : at + size].reshape(shape)
+        at += size
+    return out
+
+
+# --- the server's half ---------------------------------------------------------------------
 @dataclass
 class Mechanism:
     """The server's half: central DP's clipped, noised mean (``mean``), the adaptive clip,
-    and the accountant of either mode (``start``, ``released``), for a strategy."""
+    the accountant of either mode (``start``, ``check``, ``released``) and the canaries, for a
+    strategy. Pickled whole into checkpoints: the ledger, the clip and the canaries' state
+    resume with it."""
 
     dp: DPSettings
     clip: float = 0.0
@@ -269,60 +506,118 @@ class Mechanism:
     sample: int = 0
     rounds: int = 0
     participation: dict[int, int] = field(default_factory=dict)  # local: releases per node
-    #: central: the released rounds by sample size (the accountant composes each group once)
-    ledger: dict[int, int] = field(default_factory=dict)
+    #: central: the released rounds by release (q, sample, population of that round)
+    ledger: dict[Release, int] = field(default_factory=dict)
     epsilon: float = 0.0
     started: bool = False
+    #: whether the accountant may use the sample's secrecy (False: a sample anyone holding
+    #: its seed reproduces; every round is then the Gaussian mechanism alone)
+    amplified: bool = True
+    rate: float = 0.0  # Poisson: each eligible client's chance per round (fraction-train)
+    count_std: float = 0.0  # adaptive clipping: the count's noise std, fixed at the start
+    #: this round, as ``check`` saw it: its release and the mean's divisor
+    current: Release | None = None
+    divisor: float = 0.0
+    canary_seed: int = 0
+    canary_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    canary_start: dict[str, np.ndarray] = field(default_factory=dict)  # theta_0 (float64)
+    canaries_now: list[int] = field(default_factory=list)
+    canary_epsilon: float | None = None
 
     def __post_init__(self) -> None:
         self.clip = self.clip or self.dp.clip
         if self.noise < 0:
             self.noise = self.dp.noise
 
+    def __setstate__(self, state: dict) -> None:
+        """A checkpoint of an older pflower: its ledger counted rounds by sample size over
+        the population fixed at the first round; the fields it lacks take their defaults."""
+        fresh = Mechanism(state["dp"]).__dict__
+        self.__dict__.update({**fresh, **state})
+        if any(isinstance(k, int) for k in self.ledger):
+            n = self.population
+            self.ledger = {(m / n, m, n): c for m, c in self.ledger.items()}
+
     @property
     def local(self) -> bool:
         return self.dp.mode == LOCAL
 
-    def start(self, population: int, sample: int, rounds: int) -> None:
+    @property
+    def sampling(self) -> str:
+        return self.dp.sampling
+
+    def start(
+        self,
+        population: int,
+        sample: int,
+        rounds: int,
+        amplified: bool = True,
+        rate: float = 0.0,
+    ) -> None:
         """At the first training round (the population known): calibrate ``z`` from
         ``dp-epsilon`` if asked, refuse a plan that would exceed the budget, open the
-        accountant."""
+        accountant. ``amplified`` False: the sample is reproducible by others (a seeded
+        sample), so no round is amplified by it; ``rate``: Poisson's per-client chance."""
         from flwr.serverapp.exception import PrivacyBudgetExhausted
 
         self.population, self.sample, self.rounds = population, sample, rounds
+        self.amplified, self.rate = amplified, rate
+        per_round = f"{sample} of {population} clients each"
+        args = (rounds, sample, population, self.dp.delta, self.local, self.sampling, amplified)
+        if self.sampling == POISSON:  # q = rate exactly; the expected size for the rest
+            self.sample = sample = max(1, round(rate * population))
+            per_round = f"each of {population} clients with probability {rate:g}"
+            args = (rounds, rate, 1, self.dp.delta, False, POISSON, amplified)
         budget = self.dp.epsilon or None
         if self.dp.noise < 0:
-            self.noise = noise_for_epsilon(
-                self.dp.epsilon, rounds, sample, population, self.dp.delta, self.local
-            )
-        planned = epsilon_of(self.noise, rounds, sample, population, self.dp.delta, self.local)
+            self.noise = noise_for_epsilon(self.dp.epsilon, *args)
+        planned = epsilon_of(self.noise, *args)
         if budget is not None and planned > budget * (1 + 1e-9):
             fits, over = 0, rounds  # bisection: epsilon grows with the rounds
             while over - fits > 1:
                 mid = (fits + over) // 2
-                eps = epsilon_of(self.noise, mid, sample, population, self.dp.delta, self.local)
+                eps = epsilon_of(self.noise, mid, *args[1:])
                 fits, over = (mid, over) if eps <= budget else (fits, mid)
             raise PrivacyBudgetExhausted(
                 f"keys 'dp-epsilon' = {self.dp.epsilon} / 'dp-noise' = {self.noise}: the "
-                f"{rounds} training rounds ({sample} of {population} clients each) would spend "
+                f"{rounds} training rounds ({per_round}) would spend "
                 f"epsilon {planned:.3g} at delta {self.dp.delta}; that noise allows {fits} "
                 "rounds: raise 'dp-noise', set it to -1 (calibrated from 'dp-epsilon') or run "
                 "fewer rounds"
             )
+        if self.dp.adaptive:  # the count's noise, fixed for the run (Flower's would follow m)
+            self.count_std = count_stddev(self.noise, sample, self.dp.count_stddev)
+            from pflower.settings import ConfigError, dp_adaptive_problem
+
+            problem = dp_adaptive_problem(self.noise, self.count_std, sample)
+            if problem:
+                raise ConfigError(problem)
+        if self.dp.canaries:
+            self.canary_seed = int(noise_rng(self.dp.seed, 1 << 21).integers(1 << 62))
         self.started = True
 
-    def check(self, sampled: Sequence[int]) -> None:
-        """Before a round: refuse a sample the accounting does not cover, and stop the run
-        (Flower's ``PrivacyBudgetExhausted``) if releasing the round would exceed
-        ``dp-epsilon`` (possible only when the sample size changed since ``start``)."""
+    def _release(self, sampled: int, population: int) -> Release:
+        if self.sampling == POISSON:
+            return (self.rate, 0, 0)
+        return (sampled / population, sampled, population)
+
+    def check(self, sampled: Sequence[int], population: int | None = None) -> None:
+        """Before a round whose ``sampled`` clients were drawn from ``population`` eligible
+        ones: note the round's release (q from the live population) and the mean's divisor,
+        draw the canaries that take part, and stop the run (Flower's
+        ``PrivacyBudgetExhausted``) if releasing the round would exceed ``dp-epsilon``."""
         from flwr.serverapp.exception import PrivacyBudgetExhausted
 
-        if not self.local and len(sampled) > self.population:
-            raise PrivacyBudgetExhausted(
-                f"dp = 'central': {len(sampled)} clients sampled from an accounted population "
-                f"of {self.population} (nodes joined after the first round); the accountant's "
-                "sampling without replacement needs the population fixed: restart the run"
-            )
+        population = population or self.population
+        self.current = self._release(len(sampled), population)
+        if self.sampling == POISSON:  # a fixed divisor: the expected size, not the drawn one
+            self.divisor = max(self.rate * population, 1e-12)
+        else:
+            self.divisor = float(len(sampled))
+        if self.dp.canaries and not self.local:
+            q = self.current[0]
+            rng = noise_rng(self.dp.seed, 1 << 22, sum(self.ledger.values()))
+            self.canaries_now = [j for j in range(self.dp.canaries) if rng.random() < q]
         if not self.dp.epsilon:
             return
         if self.local:
@@ -333,8 +628,8 @@ class Mechanism:
             would = math.inf
         else:
             ledger = dict(self.ledger)
-            ledger[len(sampled)] = ledger.get(len(sampled), 0) + 1
-            would = self._spent(ledger)
+            ledger[self.current] = ledger.get(self.current, 0) + 1
+            would = self._guarantee(ledger)
         if would > self.dp.epsilon * (1 + 1e-9):
             raise PrivacyBudgetExhausted(
                 f"key 'dp-epsilon' = {self.dp.epsilon}: the next training round would spend "
@@ -342,22 +637,51 @@ class Mechanism:
                 "run stops here"
             )
 
-    def released(self, nodes: Sequence[int]) -> float:
-        """Compose a released round (``nodes``: the sampled clients) and return the run's
-        epsilon at ``dp-delta``."""
+    def released(
+        self, nodes: Sequence[int], shared: Mapping[str, np.ndarray] | None = None
+    ) -> float:
+        """Compose a released round (``nodes``: the sampled clients; ``shared``: the shared
+        parameters it released, which the canary estimate reads after the last planned
+        round) and return the run's epsilon at ``dp-delta``."""
         if self.local:
             for n in nodes:
                 self.participation[n] = self.participation.get(n, 0) + 1
             most = max(self.participation.values(), default=0)
             self.epsilon = epsilon_of(self.noise, most, 1, 1, self.dp.delta, local=True)
             return self.epsilon
-        self.ledger[len(nodes)] = self.ledger.get(len(nodes), 0) + 1
-        self.epsilon = self._spent(self.ledger)
+        release = self.current or self._release(len(nodes), self.population)
+        self.ledger[release] = self.ledger.get(release, 0) + 1
+        self.current = None
+        self.epsilon = self._guarantee(self.ledger)
+        if self.canary_start and shared is not None and sum(self.ledger.values()) >= self.rounds:
+            self.canary_epsilon = self.estimate(shared)
         return self.epsilon
 
-    def _spent(self, ledger: Mapping[int, int]) -> float:
-        return spent(self.noise, tuple(sorted(ledger.items())), self.population, self.dp.delta)
+    def _key(self, ledger: Mapping[Release, int]) -> tuple[tuple[Release, int], ...]:
+        return tuple(sorted(ledger.items()))
 
+    def _guarantee(self, ledger: Mapping[Release, int]) -> float:
+        return guarantee(
+            self.noise, self._key(ledger), self.dp.delta, self.sampling, self.amplified
+        )
+
+    def accountants(self, compare: bool = True) -> dict[str, float]:
+        """Epsilon so far under each accountant: this run's sampling (``rdp``, ``pld`` where
+        it is a bound) and, for a fixed-size sample with ``compare``, the Poisson comparison
+        (``poisson-rdp``, ``poisson-pld``)."""
+        if self.local:
+            most = max(self.participation.values(), default=0)
+            return epsilons(self.noise, plan(most, 1, 1), self.dp.delta, FIXED, amplified=False)
+        if self.noise == 0 or not self.ledger:
+            return {}
+        key = self._key(self.ledger)
+        out = epsilons(self.noise, key, self.dp.delta, self.sampling, self.amplified)
+        if compare and self.sampling == FIXED and self.amplified:
+            compared = poisson_comparison(self.noise, key, self.dp.delta)
+            out.update({f"poisson-{name}": eps for name, eps in compared.items()})
+        return out
+
+    # --- the mechanism -----------------------------------------------------------------------
     def mean(
         self,
         vectors: list[Mapping[str, np.ndarray]],
@@ -366,37 +690,87 @@ class Mechanism:
         center: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
         """Central DP: ``(1/m) sum_i clip(update_i, C) + N(0, (z C / m)^2)`` over the replies
-        kept, ``m = sampled`` (module docstring); adapts ``C`` after the round if asked."""
-        m = max(sampled, len(vectors))
+        kept, ``m = sampled`` (Poisson: the expected sample size, ``check``), the canaries
+        of the round added to the sum; adapts ``C`` after the round if asked. A zero update
+        (a reply that carries nothing, the all-dropped round's stand-in) adds nothing, to the
+        sum or to the adaptive clip's count."""
+        m = max(sampled, len(vectors)) if self.sampling == FIXED else self.divisor
         w = 1.0 / m
         out: dict[str, np.ndarray] | None = None
-        unclipped = 0
+        below = 0.0  # sum of (b_i - 1/2), b_i = [||update_i|| <= C] (Andrew et al. 2021)
         for vector in vectors:
             update, norm = clipped(vector, self.clip, center)
-            unclipped += norm <= self.clip
             if out is None:
-                out = {k: w * a for k, a in update.items()}
-            else:
-                for k, a in update.items():
-                    out[k] += w * a
+                out = {k: np.zeros_like(a) for k, a in update.items()}
+            if norm == 0:
+                continue
+            below += (norm <= self.clip) - 0.5
+            for k, a in update.items():
+                out[k] += w * a
+        if out is None:  # nothing kept, nothing to shape the mean by but the sent parameters
+            if center is None:
+                raise ValueError("central DP: a mean of no update needs the sent parameters")
+            out = {k: np.zeros(np.shape(c)) for k, c in center.items()}
+        if set(self.canary_shapes) <= set(out):
+            for j in self.canaries_now:  # each one an update of norm C in its direction
+                for k, a in canary_direction(self.canary_seed, j, self.canary_shapes).items():
+                    out[k] += w * self.clip * a
         noise, count_std = self.noise, 0.0
         if self.dp.adaptive:
-            count_std, noise = compute_adaptive_noise_params(
-                self.noise, m, self.dp.count_stddev or None
-            )
+            count_std = self.count_std or count_stddev(self.noise, m, self.dp.count_stddev)
+            count_std, noise = compute_adaptive_noise_params(self.noise, m, count_std)
         std = compute_stdv(noise, self.clip, m)
         if std > 0:
             for a in out.values():
                 a += rng.normal(0.0, std, a.shape)
         if self.dp.adaptive:  # Andrew et al. 2021: geometric update toward the quantile
-            share = (unclipped + rng.normal(0.0, count_std)) / m if count_std else unclipped / m
+            share = (below + (rng.normal(0.0, count_std) if count_std else 0.0)) / m + 0.5
             self.clip *= math.exp(-self.dp.clip_lr * (share - self.dp.quantile))
         return out
 
+    # --- canaries ----------------------------------------------------------------------------
+    def observe(self, shared: Mapping[str, np.ndarray]) -> None:
+        """The shared parameters a training round starts from: the first that the canaries
+        see (after pre-training: the parameters they will be measured on) become theta_0."""
+        if not self.dp.canaries or self.local:
+            return
+        shapes = {k: tuple(np.shape(a)) for k, a in shared.items()}
+        if shapes != self.canary_shapes:  # the first round, or the end of pre-training
+            self.canary_shapes = shapes
+            self.canary_start = {k: np.array(a, dtype=np.float64) for k, a in shared.items()}
+
+    def estimate(self, shared: Mapping[str, np.ndarray]) -> float | None:
+        """The one-shot canary epsilon of the model ``shared`` (the final one): the cosines of
+        ``theta_0 - theta_T`` (the direction the released means moved it) with each canary."""
+        if set(shared) != set(self.canary_shapes):
+            return None
+        moved = {k: self.canary_start[k] - np.asarray(shared[k], np.float64) for k in shared}
+        norm = math.sqrt(sum(float(np.vdot(a, a)) for a in moved.values()))
+        if norm == 0:
+            return None
+        cosines = [
+            sum(float(np.vdot(moved[k], c)) for k, c in direction.items()) / norm
+            for direction in (
+                canary_direction(self.canary_seed, j, self.canary_shapes)
+                for j in range(self.dp.canaries)
+            )
+        ]
+        size = sum(int(np.prod(s)) for s in self.canary_shapes.values())
+        return canary_estimate(cosines, size, self.dp.delta)
+
+    # --- reporting ---------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
-        """The round metrics: the run's epsilon so far, the clip (adaptive: this round's
-        next) and the noise multiplier."""
-        return {"dp-epsilon": self.epsilon, "dp-clip": self.clip, "dp-noise": self.noise}
+        """The round metrics: the run's epsilon so far (the tightest valid accountant), each
+        accountant's (the Poisson comparison after the last planned round: it costs a PLD),
+        whether the sample amplified it, the clip (adaptive: this round's
+        next), the noise multiplier, and the canary estimate once there is one."""
+        out = {"dp-epsilon": self.epsilon, "dp-clip": self.clip, "dp-noise": self.noise}
+        last = sum(self.ledger.values()) >= self.rounds  # the comparison once, at the end
+        out.update({f"dp-epsilon-{n}": eps for n, eps in self.accountants(last).items()})
+        out["dp-amplified"] = float(self.amplified and not self.local)
+        if self.canary_epsilon is not None:
+            out["dp-canary-epsilon"] = self.canary_epsilon
+        return out
 
     def signal_problem(self, size: int) -> str:
         """Why the shared model will not learn, if it will not: the noise's expected norm

@@ -71,7 +71,7 @@ from pflower.strategies.nodes import (
     polls_slowly,
     shorten_pull_backoff,
 )
-from pflower.strategies.privacy import DPSettings, Mechanism, noise_rng
+from pflower.strategies.privacy import POISSON, DPSettings, Mechanism, noise_rng
 from pflower.strategies.server_opt import ServerOptimizer, client_lr
 from pflower.wire import (
     ALGORITHM,
@@ -345,6 +345,8 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         self.robust, self.byzantine = robust, byzantine
         privacy = privacy or DPSettings.of(app)
         self.privacy = Mechanism(privacy) if privacy.on else None
+        #: dp-sampling = "poisson": each eligible node trains on its own coin (NodeSampling)
+        self.poisson_train = self.central_dp and privacy.sampling == POISSON
         if self.central_dp and robust is not None:
             raise ValueError(
                 "privacy mode 'central' with a robust rule: the noise is calibrated to the "
@@ -368,6 +370,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         self.extra_reply_keys: tuple[str, ...] = ()  # records a reply carries besides reply_key
         self._current: ArrayRecord = ArrayRecord()
         self._asked: set[int] = set()  # the nodes of the round's messages
+        self.sampled_from = 0  # how many nodes the last training sample was drawn from
         self._sent: list[Message] = []  # the round's messages (``sender``)
         #: sent with every message: devices version their state by (run tag, round)
         #: (``context_store.ScopedStore``); a run resumed from a checkpoint keeps its tag
@@ -567,16 +570,17 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             self.check_robust(len(nodes))
             self._robust_checked = True
         if self.privacy is not None:
+            # issue 46: q from the nodes eligible when this round sampled (they join and leave)
+            eligible = self.sampled_from
             if not self.privacy.started:  # the first training round: the population known
-                online = self._ordered(grid.get_node_ids())
-                held = self.held_out(online) if self.holdout_fraction else set()
-                self.privacy.start(len(online) - len(held), len(nodes), self.num_rounds)
+                self.privacy.start(eligible, len(nodes), self.num_rounds, rate=self.fraction_train)
                 problem = self.privacy.signal_problem(
                     sum(int(np.prod(a.shape)) for a in arrays.values())
                 )
                 if problem:
                     log.warning("dp: %s", problem)
-            self.privacy.check(nodes)
+            self.privacy.check(nodes, eligible)
+            self.privacy.observe({k: array_view(a) for k, a in arrays.items()})  # canaries
         log.info("round %d: training on %d nodes", server_round, len(nodes))
         self._asked = set(nodes)
         self._train_round = server_round
@@ -716,6 +720,8 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             "applied": len(updates),
             "dropped": len(replies) - len(updates),
         }
+        if not updates and self.central_dp:  # issue 46: still a release, noised and counted
+            return self._release_nothing(server_round, current, metrics, entry)
         if not updates:
             log.warning(
                 "round %d: no usable reply; the shared parameters are unchanged", server_round
@@ -744,7 +750,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         metrics.update(self.round_metrics(updates))
         if self.privacy is not None:
             if self.central_dp:  # a release: the noised mean of the sampled clients
-                self.privacy.released(sorted(self._asked))
+                self.privacy.released(sorted(self._asked), new)
             metrics.update(self.privacy.metrics())
         entry.train = metrics
         # np.asarray, not np.ascontiguousarray: that one turns a 0-dim array into shape (1,),
@@ -752,6 +758,41 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         # bytes of Array(ndarray), the values copied once
         arrays = to_record({k: np.asarray(v, dtype=current[k].dtype) for k, v in new.items()})
         return arrays, MetricRecord(metrics)
+
+    # --- issue 46: central DP releases every training round ---------------------------------
+    def _release_nothing(
+        self, server_round: int, current: dict[str, np.ndarray], metrics: dict, entry: RoundLog
+    ) -> tuple[ArrayRecord, MetricRecord]:
+        """Central DP, a training round that kept no reply (every one dropped, or none came):
+        released all the same, the algorithm's step on the noised mean of no contribution,
+        and accounted. Unchanged parameters would tell that every reply was dropped, which
+        depends on the clients' data, and would spend nothing on it."""
+        log.warning("round %d: no usable reply; released with noise alone (dp)", server_round)
+        nothing = [self.zero_update(server_round, current)]
+        if self.pretraining(server_round):
+            new = self.pretrain_aggregate(current, nothing)
+        else:
+            new = self.aggregate(server_round, current, nothing)
+        self.privacy.released(sorted(self._asked), new)
+        metrics.update(self.privacy.metrics())
+        entry.train = metrics
+        self.settle_round(server_round, applied=0)
+        arrays = to_record({k: np.asarray(v, dtype=current[k].dtype) for k, v in new.items()})
+        return arrays, MetricRecord(metrics)
+
+    def zero_update(self, server_round: int, current: Mapping[str, np.ndarray]) -> ClientUpdate:
+        """A reply that contributes nothing (the mechanism adds a zero update to neither the
+        sum nor the adaptive clip's count): the sent weights back, or a zero gradient or delta
+        (and zero further records, shaped like the shared parameters as theirs are)."""
+        weights = self.pretraining(server_round) or self.reply_key == ARRAYS
+        tensors = {
+            k: np.array(a) if weights else np.zeros(a.shape, a.dtype) for k, a in current.items()
+        }
+        extra = {
+            key: {k: np.zeros(a.shape, a.dtype) for k, a in current.items()}
+            for key in (() if self.pretraining(server_round) else self.extra_reply_keys)
+        }
+        return ClientUpdate(-1, tensors, {NUM_EXAMPLES: 1.0}, extra, norm=0.0)
 
     def aggregate_evaluate(self, server_round, replies) -> MetricRecord | None:
         replies = self._in_order(replies)
