@@ -281,26 +281,49 @@ def spent(
         return math.inf
     if not supports(accountant, sampling, amplified):
         raise ValueError(f"accountant {accountant!r} gives no bound for sampling {sampling!r}")
-    dpa = _dp_accounting()
-    relation = dpa.NeighboringRelation
-    if accountant == PLD:
-        from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+    if accountant == RDP:  # RDP composes by adding curves: one curve per distinct release
+        from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
-        # a plain Gaussian at z / 2 has the PLD of replace-one at z under the add/remove form
-        acc = PLDAccountant(relation.ADD_OR_REMOVE_ONE, value_discretization_interval=PLD_INTERVAL)
-    else:
-        from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
-
-        acc = RdpAccountant(
-            neighboring_relation=relation.REPLACE_ONE
-            if sampling == FIXED
-            else relation.ADD_OR_REMOVE_ONE
+        total = sum(
+            rounds * _rdp_curve(noise, release, sampling, amplified)
+            for release, rounds in ledger
+            if rounds
         )
+        return float(compute_epsilon(_rdp_orders(), total, delta)[0])
+    from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+
+    # a plain Gaussian at z / 2 has the PLD of replace-one at z under the add/remove form
+    relation = _dp_accounting().NeighboringRelation.ADD_OR_REMOVE_ONE
+    acc = PLDAccountant(relation, value_discretization_interval=PLD_INTERVAL)
+    for release, rounds in ledger:
+        if rounds:
+            acc.compose(_event(noise, release, sampling, amplified), rounds)
+    return float(acc.get_epsilon(delta))
+
+
+@functools.lru_cache(maxsize=4096)
+def _rdp_curve(noise: float, release: Release, sampling: str, amplified: bool) -> np.ndarray:
+    """One round's RDP at dp-accounting's default orders (``_rdp_orders``): the
+    sample-without-replacement bound costs about a second, so each distinct round is computed
+    once per run, not once per past round."""
+    from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
+
+    relation = _dp_accounting().NeighboringRelation
+    acc = RdpAccountant(
+        neighboring_relation=relation.REPLACE_ONE
+        if sampling == FIXED
+        else relation.ADD_OR_REMOVE_ONE
+    )
     with _quiet_absl():
-        for release, rounds in ledger:
-            if rounds:
-                acc.compose(_event(noise, release, sampling, amplified), rounds)
-        return float(acc.get_epsilon(delta))
+        acc.compose(_event(noise, release, sampling, amplified))
+    return np.array(acc.rdp)
+
+
+@functools.cache
+def _rdp_orders() -> np.ndarray:
+    from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
+
+    return np.array(RdpAccountant().orders)
 
 
 def epsilons(
@@ -419,9 +442,7 @@ def count_stddev(noise: float, sample: float, configured: float = 0.0) -> float:
 def gaussian_pair_delta(epsilon: float, p: tuple[float, float], q: tuple[float, float]) -> float:
     """``sup_S P(S) - e^epsilon Q(S)`` for the 1-D Gaussians ``P = N(p)``, ``Q = N(q)`` (mean,
     std): the set where ``log p/q > epsilon`` is where a quadratic is positive, whose mass under
-    each Gaussian is a difference of normal CDFs."""
-    from scipy.special import ndtr
-
+    each Gaussian is a difference of normal CDFs (in logs: the tails are far below 1e-300)."""
     (m1, s1), (m0, s0) = p, q
     a = 1 / (2 * s0**2) - 1 / (2 * s1**2)
     b = m1 / s1**2 - m0 / s0**2
@@ -440,11 +461,31 @@ def gaussian_pair_delta(epsilon: float, p: tuple[float, float], q: tuple[float, 
         else:
             r1, r2 = sorted(((-b - math.sqrt(disc)) / (2 * a), (-b + math.sqrt(disc)) / (2 * a)))
             intervals = [(-math.inf, r1), (r2, math.inf)] if a > 0 else [(r1, r2)]
+    if not intervals:
+        return 0.0
+    log_p, log_q = _log_mass(intervals, m1, s1), _log_mass(intervals, m0, s0)
+    if log_p == -math.inf or epsilon + log_q >= log_p:
+        return 0.0
+    return math.exp(log_p) * -math.expm1(epsilon + log_q - log_p)
 
-    def mass(mean: float, std: float) -> float:
-        return sum(ndtr((hi - mean) / std) - ndtr((lo - mean) / std) for lo, hi in intervals)
 
-    return max(0.0, mass(m1, s1) - math.exp(epsilon) * mass(m0, s0))
+def _log_mass(intervals: Sequence[tuple[float, float]], mean: float, std: float) -> float:
+    """log N(mean, std^2)(union of ``intervals``), from the nearer tail of each."""
+    from scipy.special import log_ndtr, logsumexp, ndtr
+
+    def log_diff(big: float, small: float) -> float:  # log(e^big - e^small), big >= small
+        return -math.inf if big == -math.inf else big + math.log1p(-math.exp(small - big))
+
+    logs = []
+    for lo, hi in intervals:
+        a, b = (lo - mean) / std, (hi - mean) / std
+        if b <= 0:
+            logs.append(log_diff(float(log_ndtr(b)), float(log_ndtr(a))))
+        elif a >= 0:
+            logs.append(log_diff(float(log_ndtr(-a)), float(log_ndtr(-b))))
+        else:
+            logs.append(math.log1p(-(float(ndtr(a)) + float(ndtr(-b)))))
+    return float(logsumexp(logs))
 
 
 def gaussian_pair_epsilon(p: tuple[float, float], q: tuple[float, float], delta: float) -> float:
