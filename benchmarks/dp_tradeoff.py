@@ -2,9 +2,17 @@
 (pooled over every client's test examples, mean ± std over seeds) against epsilon, one line
 per method; epsilon = inf (no DP) at the right, Local (nothing shared) as a flat line. Reads
 the experiment's ``summary.csv`` and each run's ``config.json`` / ``results.json`` (the epsilon
-spent and the calibrated noise multiplier); writes ``tradeoff.png`` and ``tradeoff.md``.
+spent, the calibrated noise multiplier, each accountant's epsilon, the canary estimate);
+writes ``tradeoff.png`` and ``tradeoff.md``.
 
     python benchmarks/dp_tradeoff.py benchmarks/results/dp-tradeoff
+
+``--accounting`` needs no run: epsilon under each accountant and neighbour relation for the
+experiment's settings (or ``--nodes/--fraction/--rounds/--delta/--epsilon`` given), seconds:
+
+    python benchmarks/dp_tradeoff.py --accounting benchmarks/experiments/dp-tradeoff.toml
+    python benchmarks/dp_tradeoff.py --accounting --nodes 10 --fraction 0.5 --rounds 20 \
+        --delta 1e-5 --epsilon 8          # the README's main job with dp-epsilon = 8
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ def load(out: Path) -> dict[str, dict[float, list[dict]]]:
                     "accuracy": 100 * float(row["personal-accuracy"]),
                     "spent": privacy.get("epsilon"),
                     "noise": privacy.get("noise-multiplier"),
+                    "canary": privacy.get("canary-epsilon"),
                 }
             )
     return methods
@@ -71,6 +80,73 @@ def table(methods: dict[str, dict[float, list[dict]]]) -> str:
             "rounds): " + ", ".join(f"ε {e:g}: z = {z:.3g}" for e, z in noise.items()),
         ]
     return "\n".join(lines)
+
+
+def accounting(nodes: int, fraction: float, rounds: int, delta: float, epsilons) -> str:
+    """Epsilon under each accountant and neighbour relation, no training: for each target
+    epsilon, the noise multiplier the run calibrates (fixed-size sample, replace-one, RDP) and
+    what that noise spends as the run accounts it, as a Poisson sample would (add/remove, RDP
+    and PLD: ``dp-sampling = "poisson"``), and with a sample anyone can reproduce (no
+    amplification: the most sampled client of the seed-0 schedule, ``random.Random(0)`` as the
+    server draws it); then the noise ``dp-sampling = "poisson"`` calibrates."""
+    import random
+
+    from pflower.strategies import privacy
+
+    m = max(1, round(fraction * nodes))
+    schedule, counts = random.Random(0), [0] * nodes
+    for _ in range(rounds):
+        for node in schedule.sample(range(nodes), m):
+            counts[node] += 1
+    most = max(counts)
+    head = (
+        f"{m} of {nodes} clients per round, {rounds} training rounds, δ = {delta:g}; a seeded "
+        f"sample's most sampled client: {most} rounds\n\n"
+        "| target ε | z (fixed) | fixed, replace-one: RDP | Poisson, add/remove: RDP | PLD "
+        "| seeded, no amplification: RDP | PLD | z (Poisson, calibrated) |\n|" + "---|" * 8
+    )
+    lines = [head]
+    for target in epsilons:
+        z = privacy.noise_for_epsilon(target, rounds, m, nodes, delta)
+        ledger = privacy.plan(rounds, m, nodes)
+        fixed = privacy.epsilons(z, ledger, delta)
+        poisson = privacy.poisson_comparison(z, ledger, delta)
+        open_ = privacy.epsilons(z, privacy.plan(most, 1, 1), delta, amplified=False)
+        z_poisson = privacy.noise_for_epsilon(
+            target, rounds, m, nodes, delta, sampling=privacy.POISSON
+        )
+        cells = [
+            f"{target:g}",
+            f"{z:.4g}",
+            f"{fixed['rdp']:.4g}",
+            f"{poisson['rdp']:.4g}",
+            f"{poisson['pld']:.4g}",
+            f"{open_['rdp']:.4g}",
+            f"{open_['pld']:.4g}",
+            f"{z_poisson:.4g}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def experiment_settings(path: Path) -> tuple[int, float, int, float, list[float]]:
+    """(nodes, fraction-train, training rounds, delta, target epsilons) of an experiment file."""
+    import tomllib
+
+    spec = tomllib.loads(path.read_text())
+    base = spec["base"]
+    targets = sorted(
+        {
+            float(p["dp-epsilon"])
+            for run in spec["run"]
+            for p in run.get("grid", {}).get("privacy", [])
+            if "dp-epsilon" in p
+        },
+        reverse=True,
+    )
+    rounds = int(base["num-server-rounds"]) + int(base.get("pretrain-rounds", 0))
+    nodes = int(spec["experiment"]["nodes"])
+    return nodes, float(base["fraction-train"]), rounds, float(base["dp-delta"]), targets
 
 
 def figure(methods: dict[str, dict[float, list[dict]]], path: Path) -> None:
@@ -112,8 +188,25 @@ def figure(methods: dict[str, dict[float, list[dict]]], path: Path) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path, help="the experiment's output directory")
+    parser.add_argument(
+        "out",
+        type=Path,
+        nargs="?",
+        help="the experiment's output directory (--accounting: its experiment file, optional)",
+    )
+    parser.add_argument("--accounting", action="store_true", help="epsilon by accountant, no run")
+    parser.add_argument("--nodes", type=int, default=0)
+    parser.add_argument("--fraction", type=float, default=0.0)
+    parser.add_argument("--rounds", type=int, default=0)
+    parser.add_argument("--delta", type=float, default=0.0)
+    parser.add_argument("--epsilon", type=float, action="append", default=[])
     args = parser.parse_args(argv)
+    if args.accounting:
+        if args.out is not None:
+            print(accounting(*experiment_settings(args.out)))
+        else:
+            print(accounting(args.nodes, args.fraction, args.rounds, args.delta, args.epsilon))
+        return
     methods = load(args.out)
     text = table(methods)
     (args.out / "tradeoff.md").write_text(text + "\n")

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 S = "pflower/strategies/"
 T = "tests/"
 EXACT = [f"{T}test_exact_rounds.py", f"{T}test_bring_your_own.py"]
+PRIVACY = f"{T}test_privacy.py::"
 
 
 @dataclass
@@ -427,6 +428,120 @@ PLANTS = [
             )
         ],
         [T + "test_exact_rounds.py", T + "test_wire.py"],
+    ),
+    # --- differential privacy (issue 46) ------------------------------------------------
+    Plant(
+        "privacy: a round that kept no reply leaves the parameters unchanged, not counted",
+        S + "server.py",
+        [("if not updates and self.central_dp:", "if not updates and False:")],
+        [PRIVACY + "test_a_round_that_keeps_no_reply_is_released_with_noise_and_counted"],
+    ),
+    Plant(
+        "privacy: q from the population of the first round (nodes left or joined)",
+        S + "server.py",
+        [("self.privacy.check(nodes, eligible)", "self.privacy.check(nodes)")],
+        [PRIVACY + "test_the_server_accounts_each_round_with_the_nodes_it_sampled_from"],
+    ),
+    Plant(
+        "privacy: the fixed-size sample accounted as a Poisson one",
+        S + "privacy.py",
+        [
+            (
+                "return events.SampledWithoutReplacementDpEvent(population, sample, gaussian)",
+                "return events.PoissonSampledDpEvent(q, gaussian)",
+            )
+        ],
+        [
+            PRIVACY + "test_each_accountant_against_a_direct_computation",
+            PRIVACY + "test_the_sweeps_calibration_is_what_the_docs_say",
+        ],
+    ),
+    Plant(
+        "privacy: Poisson add/remove accounted at z / 2 (replace-one's multiplier)",
+        S + "privacy.py",
+        [
+            (
+                "events.GaussianDpEvent(noise / 2 if sampling == FIXED else noise)",
+                "events.GaussianDpEvent(noise / 2)",
+            )
+        ],
+        [
+            PRIVACY + "test_poisson_sampling_is_what_the_server_does",
+            PRIVACY + "test_each_accountant_against_a_direct_computation",
+        ],
+    ),
+    Plant(
+        "privacy: the run's epsilon by RDP only (not the tighter accountant)",
+        S + "privacy.py",
+        [
+            (
+                "return min(epsilons(noise, ledger, delta, sampling, amplified).values())",
+                "return epsilons(noise, ledger, delta, sampling, amplified)[RDP]",
+            )
+        ],
+        [
+            PRIVACY + "test_calibration_uses_the_tighter_accountant",
+            PRIVACY + "test_poisson_sampling_is_what_the_server_does",
+        ],
+    ),
+    Plant(
+        "privacy: Poisson sampling draws a fixed-size sample",
+        S + "nodes.py",
+        [("if train and self.poisson_train:", "if False:")],
+        [PRIVACY + "test_poisson_sampling_is_what_the_server_does"],
+    ),
+    Plant(
+        "privacy: the Poisson mean divides by the clients drawn, not the expected size",
+        S + "privacy.py",
+        [
+            (
+                "m = max(sampled, len(vectors)) if self.sampling == FIXED else self.divisor",
+                "m = max(sampled, len(vectors))",
+            )
+        ],
+        [PRIVACY + "test_the_poisson_mean_divides_by_the_expected_size"],
+    ),
+    Plant(
+        "privacy: adaptive clipping's count noise always Flower's m / 20",
+        S + "privacy.py",
+        [("return max(sample / 20, noise)", "return sample / 20")],
+        [
+            PRIVACY
+            + "test_adaptive_clipping_with_a_large_noise_runs_with_the_count_noise_it_needs",
+            PRIVACY + "test_adaptive_clipping_at_a_large_noise_completes_a_run",
+        ],
+    ),
+    Plant(
+        "privacy: the central mean's noise skipped",
+        S + "privacy.py",
+        [
+            (
+                "std = compute_stdv(noise, self.clip, m)\n        if std > 0:",
+                "std = compute_stdv(noise, self.clip, m)\n        if False:",
+            )
+        ],
+        [
+            PRIVACY + "test_the_canary_estimate_stays_below_the_bound_and_catches_a_missing_noise",
+            PRIVACY + "test_central_noise_has_the_stated_scale",
+        ],
+    ),
+    Plant(
+        "privacy: the canaries' null cosine std 1/d instead of 1/sqrt(d)",
+        S + "privacy.py",
+        [("(0.0, 1 / math.sqrt(dimension))", "(0.0, 1 / dimension)")],
+        [PRIVACY + "test_the_canary_estimate_stays_below_the_bound_and_catches_a_missing_noise"],
+    ),
+    Plant(
+        "privacy: the Gaussian pair's epsilon one way only",
+        S + "privacy.py",
+        [
+            (
+                "return max(gaussian_pair_delta(eps, p, q), gaussian_pair_delta(eps, q, p))"
+                " > delta",
+                "return gaussian_pair_delta(eps, p, q) > delta",
+            )
+        ],
+        [PRIVACY + "test_the_gaussian_pair_epsilon_integrates_unequal_variances"],
     ),
 ]
 

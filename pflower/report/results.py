@@ -78,7 +78,10 @@ class RunReport:
         else:
             sampling = "fixed-size sample without replacement, replace-one neighbours"
         if self.cfg.dp == "central" and not amplified:
-            sampling += "; the sample is reproducible, so no amplification is counted"
+            sampling += (
+                "; the sample is reproducible: no amplification, each client's rounds "
+                "composed, the most sampled client's"
+            )
         out = {
             "mode": self.cfg.dp,
             "epsilon": _finite(last["dp-epsilon"]),

@@ -57,7 +57,10 @@ leave: a round that sampled ``m`` of the ``N_t`` online, trainable nodes is ``q_
   sampled); the run's epsilon is that of the client sampled most often so far (RDP and PLD,
   the tighter).
 - a sample anyone can reproduce (``Mechanism.start(..., amplified=False)``) amplifies
-  nothing: every round is accounted as the Gaussian mechanism alone.
+  nothing: each client's epsilon is that of the Gaussian mechanism composed over the rounds
+  it was in (replace-one: multiplier z / 2; Poisson's add/remove: z), the run's that of the
+  most sampled client, as for local DP; the plan (and ``dp-epsilon``'s calibration) assumes
+  a client in every round.
 
 ``dp-epsilon`` with ``dp-noise = -1`` calibrates ``z`` so that the planned rounds spend exactly
 that budget at ``dp-delta`` (bisection on the accountant: ``noise_for_epsilon``); with both
@@ -661,10 +664,10 @@ class Mechanism:
             self.canaries_now = [j for j in range(self.dp.canaries) if rng.random() < q]
         if not self.dp.epsilon:
             return
-        if self.local:
+        if self.per_client:
             most = max(self.participation.values(), default=0)
             after = max([most] + [self.participation.get(n, 0) + 1 for n in sampled])
-            would = epsilon_of(self.noise, after, 1, 1, self.dp.delta, local=True)
+            would = self._client_epsilon(after)
         elif self.noise == 0:
             would = math.inf
         else:
@@ -684,19 +687,33 @@ class Mechanism:
         """Compose a released round (``nodes``: the sampled clients; ``shared``: the shared
         parameters it released, which the canary estimate reads after the last planned
         round) and return the run's epsilon at ``dp-delta``."""
-        if self.local:
+        if self.per_client:
             for n in nodes:
                 self.participation[n] = self.participation.get(n, 0) + 1
-            most = max(self.participation.values(), default=0)
-            self.epsilon = epsilon_of(self.noise, most, 1, 1, self.dp.delta, local=True)
-            return self.epsilon
+            self.epsilon = self._client_epsilon(max(self.participation.values(), default=0))
+            if self.local:
+                return self.epsilon
         release = self.current or self._release(len(nodes), self.population)
         self.ledger[release] = self.ledger.get(release, 0) + 1
         self.current = None
-        self.epsilon = self._guarantee(self.ledger)
+        if not self.per_client:
+            self.epsilon = self._guarantee(self.ledger)
         if self.canary_start and shared is not None and sum(self.ledger.values()) >= self.rounds:
             self.canary_epsilon = self.estimate(shared)
         return self.epsilon
+
+    @property
+    def per_client(self) -> bool:
+        """Whether epsilon is each client's own (the most sampled one's): local DP, whose
+        client knows it was sampled, and a sample anyone can reproduce (``amplified`` False),
+        where a round costs a client something only if it was in it."""
+        return self.local or not self.amplified
+
+    def _client_epsilon(self, releases: int) -> float:
+        """A client's epsilon after ``releases`` rounds it took part in, each the Gaussian
+        mechanism alone (replace-one: z / 2; a Poisson run's add/remove: z)."""
+        sampling = FIXED if self.local else self.sampling
+        return guarantee(self.noise, plan(releases, 1, 1), self.dp.delta, sampling, False)
 
     def _key(self, ledger: Mapping[Release, int]) -> tuple[tuple[Release, int], ...]:
         return tuple(sorted(ledger.items()))
@@ -710,9 +727,10 @@ class Mechanism:
         """Epsilon so far under each accountant: this run's sampling (``rdp``, ``pld`` where
         it is a bound) and, for a fixed-size sample with ``compare``, the Poisson comparison
         (``poisson-rdp``, ``poisson-pld``)."""
-        if self.local:
+        if self.per_client:
             most = max(self.participation.values(), default=0)
-            return epsilons(self.noise, plan(most, 1, 1), self.dp.delta, FIXED, amplified=False)
+            sampling = FIXED if self.local else self.sampling
+            return epsilons(self.noise, plan(most, 1, 1), self.dp.delta, sampling, False)
         if self.noise == 0 or not self.ledger:
             return {}
         key = self._key(self.ledger)
