@@ -588,6 +588,24 @@ def test_each_accountant_against_a_direct_computation():
     assert open_.epsilon > mech.epsilon
 
 
+def test_poisson_epsilon_as_pfl_research_computes_it():
+    """Apple's pfl-research accounts DP-FedAvg with dp-accounting's PLD built from the Gaussian
+    mechanism (``from_gaussian_mechanism(sigma, sensitivity=1, sampling_prob=q)``, self-composed)
+    and RDP of ``PoissonSampledDpEvent``; one of its test cases: 1000 rounds at q = 0.01,
+    noise 0.76. pflower's Poisson accounting of the same mechanism equals both."""
+    from dp_accounting.pld import privacy_loss_distribution
+
+    z, q, rounds, delta = 0.76, 0.01, 1000, 1e-6
+    pld = privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=z, sensitivity=1, sampling_prob=q
+    ).self_compose(rounds)
+    ledger = privacy.plan(rounds, 0, 0, "poisson", rate=q)
+    found = privacy.epsilons(z, ledger, delta, "poisson")
+    assert found["pld"] == pytest.approx(pld.get_epsilon_for_delta(delta), rel=1e-2)
+    rdp = direct([(poisson(z, q), rounds)], "ADD_OR_REMOVE_ONE", "rdp", delta)
+    assert found["rdp"] == pytest.approx(rdp, rel=1e-9)
+
+
 def test_calibration_uses_the_tighter_accountant():
     """Poisson at epsilon 4: PLD is the tighter, so the calibrated z spends 4 by PLD (and more
     by RDP); the smallest such z."""
@@ -686,6 +704,8 @@ def test_the_gaussian_pair_epsilon_integrates_unequal_variances():
 
     assert delta_at(eps) == pytest.approx(delta, rel=1e-2)
     assert delta_at(eps * 0.98) > delta
+    # both ways: the epsilon of the pair does not depend on its order
+    assert privacy.gaussian_pair_epsilon(q, p, delta) == pytest.approx(eps, rel=1e-3)
 
 
 def canary_run(noise: float, rounds: int = 10, canaries: int = 200, d: int = 10_000):
