@@ -79,6 +79,17 @@ def table(methods: dict[str, dict[float, list[dict]]]) -> str:
             "Noise multiplier z calibrated per ε (the same for every method: same m, N, "
             "rounds): " + ", ".join(f"ε {e:g}: z = {z:.3g}" for e, z in noise.items()),
         ]
+    canaries = {}
+    for e in epsilons:
+        found = [r["canary"] for by in methods.values() for r in by.get(e, []) if r["canary"]]
+        if found and not math.isinf(e):
+            canaries[e] = (statistics.mean(found), max(found))
+    if canaries:  # dp-canaries set: the one-shot estimate of the final models
+        lines += [
+            "",
+            "Canary estimate of the final models' ε (mean, max over runs): "
+            + ", ".join(f"ε {e:g}: {m:.3g}, {x:.3g}" for e, (m, x) in canaries.items()),
+        ]
     return "\n".join(lines)
 
 
