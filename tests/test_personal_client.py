@@ -22,10 +22,10 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
 import pflower.strategies as strategies
-from pflower.strategies import nodes
 from pflower.experiments.local_grid import LocalGrid
 from pflower.numpy_client import PersonalizedNumPyClient
 from pflower.personal_client import PersonalizedClient, personalized_client_app, shared_arrays
+from pflower.strategies import nodes
 from pflower.task.split import make_split
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quickstart"
