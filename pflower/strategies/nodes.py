@@ -246,11 +246,11 @@ def sample_stream(sample_seed: int) -> tuple[random.Random, dict]:
     (``sampling``): ``sample_seed`` = -1, a ``SecretRandom`` on 128 bits of OS entropy,
     drawn now and never sent; >= 0, ``random.Random(sample_seed)``, the reproducible
     sample (the stream every run drew from ``seed`` before ``sample-seed`` existed)."""
+    if isinstance(sample_seed, bool) or not isinstance(sample_seed, int):
+        raise ValueError(f"sample_seed = {sample_seed!r}: must be an int (-1: secret)")
     if sample_seed < 0:
         seed = secrets.randbits(128)
         return SecretRandom(seed), {"seed": seed, "secret": True, "generator": "SecretRandom"}
-    if isinstance(sample_seed, bool) or not isinstance(sample_seed, int):
-        raise ValueError(f"sample_seed = {sample_seed!r}: must be an int (-1: secret)")
     stream = {"seed": sample_seed, "secret": False, "generator": "random.Random"}
     return random.Random(sample_seed), stream
 
