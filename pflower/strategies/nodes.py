@@ -327,6 +327,12 @@ class NodeSampling:
         self._asked_nodes: set[int] = set()  # nodes the query went to (answered or not)
         self._query_timeout: float | None = None
 
+    def sample_line(self) -> str:
+        """How clients are sampled, for the log (never the secret seed)."""
+        if self.sampling["secret"]:
+            return "secret (a seed from OS entropy; results.json records it)"
+        return f"reproducible (sample-seed {self.sampling['seed']}: every client can predict it)"
+
     @property
     def refused(self) -> dict[int, str]:
         """The nodes never sampled now, with the reason."""

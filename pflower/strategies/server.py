@@ -465,6 +465,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
                 self.pretrain_lr,
             )
         log.info("\t│\t├── client lr %g (%s schedule)", self.lr, self.lr_schedule)
+        log.info("\t│\t├── client sample %s", self.sample_line())
         log.info("\t│\t├── server optimizer %s", self.server_optimizer.describe())
         log.info("\t│\t└── reply key %r", self.reply_key)
 
