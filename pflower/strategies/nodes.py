@@ -410,8 +410,9 @@ class NodeSampling:
             }
         # a start-up claim weighs every round (PFLEGO's sum_j N_j): the claims bound holds it
         # as it holds the replies' (100 x the claims' lower median); a node whose claim is
-        # not believed has none known, and its replies' claims meet the bound round by round
-        outliers = ClaimBound().outliers(sizes, {})
+        # not believed has none known, and its replies' claims meet the bound round by round;
+        # a node asked later meets the claims known (at start-up: none yet)
+        outliers = ClaimBound().outliers(sizes, self.num_train_of)
         for node, reason in sorted(outliers.items()):
             log.warning("node %d: start-up num-train ignored: %s", node, reason)
         self.num_train_of.update((n, c) for n, c in sizes.items() if n not in outliers)
