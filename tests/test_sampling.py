@@ -438,6 +438,9 @@ def test_the_model_fingerprint_sees_code_and_settings_not_values():
     torch.manual_seed(1)
     first = model_fingerprint(ReluNet())
     assert model_fingerprint(ReluNet()) == first  # other initial values: the same model
+    # a layer's settings, which only the module repr holds (same classes, same parameters)
+    leaky = [nn.Sequential(nn.Linear(4, 8), nn.LeakyReLU(a), nn.Linear(8, 2)) for a in (0.01, 0.2)]
+    assert model_fingerprint(leaky[0]) != model_fingerprint(leaky[1])
     wider = nn.Sequential(nn.Linear(4, 9), nn.ReLU(), nn.Linear(9, 2))
     assert model_fingerprint(wider) != model_fingerprint(sequential)
     assert model_fingerprint(copy.deepcopy(sequential).double()) != model_fingerprint(sequential)
@@ -448,6 +451,42 @@ def test_the_model_fingerprint_sees_code_and_settings_not_values():
         return _code_of(cls).split("\n", 1)[1].replace(cls.__name__, "ReluNet")
 
     assert "relu" in tree(ReluNet) and tree(ReluNet) == tree(ReluNetAgain)
+
+
+NETMOD = """import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.fc2(torch.{activation}(self.fc1(x)))
+"""
+
+
+def test_another_version_of_the_model_module_is_another_fingerprint(tmp_path, monkeypatch):
+    """The issue's node: the same module, class and parameter names and shapes (the same
+    repr), another activation in ``forward``; and the same code with a comment more."""
+    import importlib.util
+    import sys
+
+    versions = [("relu", ""), ("tanh", ""), ("relu", "\n# a comment, another layout\n")]
+    prints = []
+    for i, (activation, extra) in enumerate(versions):
+        (tmp_path / str(i)).mkdir()
+        path = tmp_path / str(i) / "netmod.py"
+        path.write_text(NETMOD.format(activation=activation) + extra)
+        spec = importlib.util.spec_from_file_location("netmod", path)
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, "netmod", module)  # as each node imports it
+        spec.loader.exec_module(module)
+        prints.append((repr(module.Net()), model_fingerprint(module.Net())))
+    assert prints[0][0] == prints[1][0]  # nothing but the code tells them apart
+    assert prints[0][1] != prints[1][1]
+    assert prints[0][1] == prints[2][1]
 
 
 def test_the_apps_answer_the_handshake_with_their_run_model():
