@@ -543,6 +543,61 @@ PLANTS = [
         ],
         [PRIVACY + "test_the_gaussian_pair_epsilon_integrates_unequal_variances"],
     ),
+    # --- who is sampled (issue 45 items 6, 7) -------------------------------------------
+    Plant(
+        "sampling: sample-seed -1 draws from random.Random(-1), not a secret",
+        S + "nodes.py",
+        [("    if sample_seed < 0:\n        seed = ", "    if sample_seed < -1:\n        seed = ")],
+        [T + "test_sampling.py"],
+    ),
+    Plant(
+        "sampling: the app samples from the public seed (sample_seed = cfg.seed)",
+        S + "server.py",
+        [('"sample_seed": cfg.sample_seed,', '"sample_seed": cfg.seed,')],
+        [T + "test_sampling.py"],
+    ),
+    Plant(
+        "sampling: the secret stream restarts from its seed after a checkpoint",
+        S + "nodes.py",
+        [("        self._counter, self.gauss_next = counter, gauss_next", "        pass")],
+        [T + "test_sampling.py"],
+    ),
+    Plant(
+        "sampling: experiments leave sample-seed at the secret default",
+        "pflower/experiment/grid.py",
+        [("            config.setdefault(SAMPLE_SEED, seed)\n", "")],
+        [T + "test_sampling.py"],
+    ),
+    Plant(
+        "handshake: a duplicate partition id refuses the later node only",
+        S + "nodes.py",
+        [("                for node in group:\n", "                for node in group[1:]:\n")],
+        [T + "test_sampling.py"],
+    ),
+    Plant(
+        "handshake: num-partitions not compared",
+        S + "nodes.py",
+        [("        if partitions is not None:\n", "        if False:\n")],
+        [T + "test_sampling.py"],
+    ),
+    Plant(
+        "handshake: the model fingerprint leaves out the classes' code",
+        "pflower/task/fingerprint.py",
+        [('        "classes": classes,\n', "")],
+        [T + "test_sampling.py"],
+    ),
+    Plant(
+        "handshake: the model fingerprint leaves out the module repr",
+        "pflower/task/fingerprint.py",
+        [('        "repr": repr(model),\n', "")],
+        [T + "test_sampling.py"],
+    ),
+    Plant(
+        "handshake: an ignored data-path is not told apart",
+        "pflower/task/fingerprint.py",
+        [('    return f"{kind} (data-path ignored)" if data_path else kind', "    return kind")],
+        [T + "test_sampling.py"],
+    ),
 ]
 
 

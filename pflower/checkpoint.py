@@ -5,7 +5,8 @@ the devices' personal state is a round ahead of anything the server kept. A chec
 everything the server's next round depends on:
 
 - the shared parameters after round r (``arrays``) and r itself;
-- the strategy's state (``strategy_state``): the client sampler's generator, the server
+- the strategy's state (``strategy_state``): the client sampler's generator and its seed
+  (secret by default: a checkpoint is the server's own, as ``results.json``), the server
   optimizer (Adam's moments and step count), the history of rounds 1..r, the pre-trained
   personal slice, each node's first ``num-examples`` claim, the final round's per-client
   rows, the run tag the devices version their state by, and what the algorithm keeps of
@@ -63,6 +64,8 @@ _NAME = re.compile(r"^round-(\d+)\.pt$")
 #: what every ``PersonalizedStrategy`` carries from round to round
 STRATEGY_ATTRIBUTES = (
     "rng",
+    "sampling",  # the sampling seed (secret by default): results.json records it too
+    "refusals",  # the handshake's refusals so far (results.json's refused-nodes)
     "server_optimizer",
     "history",
     "personal_init",

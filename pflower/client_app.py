@@ -26,13 +26,14 @@ from pflower import quiet
 from pflower.config import Config
 from pflower.context_store import open_store, scope_job
 from pflower.strategies import build_run_model, get_algorithm, wire_split
-from pflower.strategies.client import ClientJob, measured
+from pflower.strategies.client import ClientJob, answer_query, measured
 from pflower.task.data import load_client_data
+from pflower.task.fingerprint import data_kind
 from pflower.task.models import GLOBAL_RNG
 from pflower.task.node_data import DATA_PATH
 from pflower.task.split import Split, get_tensors
 from pflower.task.train import resolve_device
-from pflower.wire import CONFIG, METRICS, QUERY, SERVER_ROUND
+from pflower.wire import CONFIG, METRICS, SERVER_ROUND
 
 #: a training step: (job, config record) -> (reply records, the key of the update's record,
 #: metrics); the algorithm's client half's ``reply``
@@ -157,20 +158,23 @@ def build_client_app(
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
-        """Answers the strategy's start-up question: which partition is this node (and how
-        many training examples does it hold)?"""
-        pid = context.node_config.get("partition-id")
-        answer = {"partition-id": int(pid)} if pid is not None else {}
-        asked = str(msg.content[CONFIG].get(QUERY, "")).split(",") if CONFIG in msg.content else []
-        if "num-train" in asked:
-            cfg = run_config(context)
-            node = context.node_config
+        """Answers the strategy's start-up question: which partition is this node, of how
+        many, what data and model does it run (and how many training examples does it
+        hold)?"""
+        cfg = run_config(context)
+        node = context.node_config
+
+        def num_train() -> int:
             train, _ = load_client_data(
-                cfg, int(pid), int(node["num-partitions"]), data_path=node.get(DATA_PATH)
+                cfg,
+                int(node["partition-id"]),
+                int(node["num-partitions"]),
+                data_path=node.get(DATA_PATH),
             )
-            answer["num-train"] = len(train.dataset)
-        metrics = MetricRecord(answer)
-        return Message(content=RecordDict({METRICS: metrics}), reply_to=msg)
+            return len(train.dataset)
+
+        data = data_kind(cfg.dataset, node.get(DATA_PATH))
+        return answer_query(msg, node, data, lambda: _model(cfg)[0], num_train)
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:

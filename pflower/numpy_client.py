@@ -42,8 +42,9 @@ from torch.utils.data import DataLoader
 
 from pflower.personal_client import PersonalizedClient
 from pflower.strategies import ALGORITHMS
-from pflower.strategies.client import ClientJob, measured
+from pflower.strategies.client import ClientJob, answer_query, measured
 from pflower.task import split as splits
+from pflower.task.fingerprint import OWN_LOADERS
 from pflower.wire import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, PERSONAL_INIT, PHASE, PRETRAIN
 
 #: algorithms whose client half replies with weights under ``arrays`` (what NumPyClient.fit
@@ -216,8 +217,11 @@ def numpy_client_app(client_fn: Callable[[Context], NumPyClient]) -> ClientApp:
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
-        pid = context.node_config.get("partition-id")
-        answer = {"partition-id": int(pid)} if pid is not None else {}
-        return Message(content=RecordDict({METRICS: MetricRecord(answer)}), reply_to=msg)
+        """The start-up question: partition id and count (node config), the fingerprint of
+        the client's model where it has one (``PersonalizedNumPyClient``: its ``model``)."""
+        made = client_fn(context)
+        model = getattr(made, "model", None)
+        model = model if isinstance(model, nn.Module) else None
+        return answer_query(msg, context.node_config, OWN_LOADERS, lambda: model, lambda: 0)
 
     return app

@@ -60,11 +60,12 @@ from torch.utils.data import DataLoader
 from pflower.config import Config
 from pflower.context_store import ContextStore, open_store, scope_job
 from pflower.strategies import get_algorithm, wire_split
-from pflower.strategies.client import ClientJob, measured
+from pflower.strategies.client import ClientJob, answer_query, measured
 from pflower.task import split as splits
+from pflower.task.fingerprint import OWN_LOADERS
 from pflower.task.run_model import split_by_rule
 from pflower.task.state import DirectoryStore, Store
-from pflower.wire import CONFIG, LR, LR_SCALE, METRICS, QUERY, SERVER_ROUND
+from pflower.wire import CONFIG, LR, LR_SCALE, METRICS, SERVER_ROUND
 
 log = logging.getLogger("flwr.pflower")
 
@@ -276,14 +277,14 @@ class PersonalizedClient:
         return Message(content=RecordDict({METRICS: MetricRecord(metrics)}), reply_to=msg)
 
     def query(self, msg: Message, context: Context | None = None) -> Message:
-        """The strategy's start-up question: this node's partition id (node config) and, if
+        """The strategy's start-up question: this node's partition id and number of
+        partitions (node config), its data (its own loaders) and the fingerprint of its
+        model's architecture and code (``task.fingerprint.model_fingerprint``), and, if
         asked, its number of training examples (PFLEGO's alpha)."""
         node = context.node_config if context is not None else {}
-        answer = {"partition-id": int(node["partition-id"])} if "partition-id" in node else {}
-        asked = str(msg.content[CONFIG].get(QUERY, "")) if CONFIG in msg.content else ""
-        if "num-train" in asked.split(","):
-            answer["num-train"] = len(self.train_loader.dataset)
-        return Message(content=RecordDict({METRICS: MetricRecord(answer)}), reply_to=msg)
+        return answer_query(
+            msg, node, OWN_LOADERS, lambda: self.model, lambda: len(self.train_loader.dataset)
+        )
 
 
 def personalized_client_app(client_fn: Callable[[Context], PersonalizedClient]) -> ClientApp:

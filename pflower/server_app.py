@@ -24,7 +24,9 @@ from pflower.strategies import (
 from pflower.strategies.checks import RunFailed
 from pflower.strategies.history import WireCount
 from pflower.task import linear
+from pflower.task.fingerprint import expected_data_kind, model_fingerprint
 from pflower.task.split import Split, get_tensors
+from pflower.wire import DATA_KIND, MODEL_FINGERPRINT
 
 log = logging.getLogger("flwr.pflower")
 
@@ -78,6 +80,13 @@ def run(grid: Grid, cfg: Config, out: Path | None = None) -> report.RunReport:
         "on the wire: %d of %d parameters", split.num_shared, split.num_shared + split.num_personal
     )
     strategy = make_strategy(cfg, split.shared)
+    if hasattr(strategy, "expected_facts"):  # the handshake: every node runs this model and data
+        strategy.expected_facts.update(
+            {
+                MODEL_FINGERPRINT: model_fingerprint(model),
+                DATA_KIND: expected_data_kind(cfg.dataset),
+            }
+        )
     if cfg.attack_simulation:  # robustness experiments: the server simulates ALIE / IPM
         from pflower.experiments.attacks import simulate_omniscient
 
@@ -117,6 +126,8 @@ def run(grid: Grid, cfg: Config, out: Path | None = None) -> report.RunReport:
         shared=final.arrays.to_torch_state_dict() if final is not None else None,
         run_tag=strategy.run_tag,
         fab_hash=fab_hash,
+        sampling=getattr(strategy, "sampling", None),
+        refused=list(getattr(strategy, "refusals", [])),
     )
     out = report.write(result, out)
     table = report.summary_table(result)

@@ -373,8 +373,8 @@ class RunSettings(Settings):
         le=1,
         description=(
             "share of the clients the final round evaluates; `0` (auto): every client up to 100 "
-            "clients, else a seeded uniform sample of max(100, 10%) (the per-client statistics are "
-            "then over that sample)"
+            "clients, else a uniform sample (`sample-seed`) of max(100, 10%) (the per-client "
+            "statistics are then over that sample)"
         ),
     )
     max_in_flight: int = Field(
@@ -768,7 +768,23 @@ class RunSettings(Settings):
     seed: int = Field(
         0,
         ge=0,
-        description="seeds partitions, model init, client sampling and local training",
+        description=(
+            "seeds partitions, model init and local training: every client receives it "
+            "(client sampling draws from `sample-seed`)"
+        ),
+    )
+    sample_seed: int = Field(
+        -1,
+        alias="sample-seed",
+        ge=-1,
+        description=(
+            "who trains and is evaluated in each round: `-1`, a secret seed the server draws "
+            "from OS entropy at start and never sends (no client can predict or steer the "
+            "sample; the server's own `results.json` and checkpoints record it, key "
+            "`sampling`); >= 0: a reproducible sample from that seed, which every client "
+            "receives with the run config and can predict (tests and experiments: `pflower "
+            "experiment` sets it to each run's `seed`)"
+        ),
     )
     device: DeviceName = Field("auto", description="`auto` (GPU if present), `cpu`, `cuda`")
     outputs_dir: str = Field(

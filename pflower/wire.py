@@ -31,6 +31,12 @@ PERSONAL_INIT = "personal-init"  # server -> client: the pre-trained model's per
 SERVER_ROUND, PHASE, LR, LR_SCALE, FINAL = "server-round", "phase", "lr", "lr-scale", "final"
 PRETRAIN, TRAIN = "pretrain", "train"  # values of PHASE
 QUERY = "query"  # the start-up query's question (comma-separated)
+#: the start-up query's questions (``QUERY``) and the metrics a node answers them with
+PARTITION_ID, NUM_PARTITIONS, NUM_TRAIN = "partition-id", "num-partitions", "num-train"
+#: the question for the node's facts, and the config record of its answer: what changes the
+#: computation besides the run config (``task.fingerprint``; checked in ``strategies.nodes``)
+NODE_FACTS = "node-facts"
+DATA_KIND, MODEL_FINGERPRINT = "data-kind", "model-fingerprint"
 #: the run's tag: a resumed run keeps it, so a device tells its own run's state by it
 RUN_TAG = "run-tag"
 #: the handshake, in every message's config: the server's algorithm and a fingerprint of the
@@ -104,6 +110,7 @@ SERVER_ONLY_KEYS = frozenset(
         "checkpoint-every",
         "checkpoint-keep",
         "resume-from",
+        "sample-seed",
     ]
 )
 

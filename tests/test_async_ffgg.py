@@ -117,7 +117,7 @@ def _run(overrides, num_nodes, **grid_kwargs) -> AsyncFFGG:
 def test_one_client_in_flight_equals_sequential_ffgg():
     """C = 1: every update has staleness 0 and the run is FFGG with one client per round
     (the same seeded draws): the same theta after 12 updates, bit for bit."""
-    common = {**LINEAR, "num-server-rounds": 12}
+    common = {**LINEAR, "num-server-rounds": 12, "sample-seed": 0}  # the same draws in both
     sync = run_local({**common, "algorithm": "ffgg", "fraction-train": 1 / 6}, 6)
     strategy = _run({**common, "algorithm": "async-ffgg", "async-concurrency": 1}, 6)
     assert [r.train["staleness"] for r in strategy.history if r.train] == [0.0] * 12

@@ -140,6 +140,7 @@ def test_arrival_order_changes_no_bit_of_the_result(algorithm):
     """Replies are combined in partition order: float64 sums of a float64 model (FFGG's
     quadratic problem) come out the same bit for bit whatever order they arrived in."""
     run_cfg = {
+        "sample-seed": 0,  # two runs compared: the same sample
         "dataset": "synthetic-linear",
         "model": "synthetic-linear",
         "linear-n": 200,

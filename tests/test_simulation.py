@@ -132,8 +132,10 @@ def test_ffgg_and_local_ffgg_run_and_report_the_split_diagnostic(tmp_path):
 
 
 def test_a_run_is_reproducible_from_its_seed(tmp_path):
-    """Same config and seed, new node ids: the same clients are sampled, same results."""
+    """Same config and seeds (``sample-seed`` too: by default the sample is secret, new in
+    every run), new node ids: the same clients are sampled, same results."""
     overrides = {
+        "sample-seed": 0,
         "algorithm": "fedavg-ft",
         "dataset": "digits",
         "num-server-rounds": 2,
@@ -157,6 +159,7 @@ def test_local_grid_run_equals_the_simulation_engine_run(tmp_path):
     from pflower.experiments.local_grid import run_local
 
     overrides = {
+        "sample-seed": 0,  # two runs compared: the same sample
         "algorithm": "scaffold",
         "dataset": "synthetic-linear",
         "model": "synthetic-linear",

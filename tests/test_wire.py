@@ -161,7 +161,8 @@ def test_a_round_with_only_bad_replies_keeps_the_model(task_identity):
 
 
 def test_sampling_is_without_replacement_and_seeded():
-    a, b = FedAvg(fraction_train=0.3, seed=1), FedAvg(fraction_train=0.3, seed=1)
+    a = FedAvg(fraction_train=0.3, sample_seed=1)  # a reproducible sample
+    b = FedAvg(fraction_train=0.3, sample_seed=1)
     grid = FakeGrid(range(100, 120))
     for _ in range(5):
         s = a.sample(grid, 0.3)
@@ -198,7 +199,8 @@ def test_evaluation_summary_statistics():
 
 def test_sampling_follows_partition_ids_not_node_ids():
     """Node ids are random per run; with the partition map the same clients are drawn."""
-    a, b = FedAvg(fraction_train=0.3, seed=1), FedAvg(fraction_train=0.3, seed=1)
+    a = FedAvg(fraction_train=0.3, sample_seed=1)  # a reproducible sample
+    b = FedAvg(fraction_train=0.3, sample_seed=1)
     a.partition_of = {100 + p: p for p in range(10)}  # run 1: node ids 100..109
     b.partition_of = {900 - 7 * p: p for p in range(10)}  # run 2: other ids, other order
     for _ in range(5):

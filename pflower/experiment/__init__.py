@@ -49,8 +49,9 @@ no attack it is the pooled accuracy). A run with ``holdout-fraction`` reports
 ``personal-accuracy-trained`` and ``personal-accuracy-new`` (the held-out clients, pooled).
 
 A run's config is ``base``, then the grid point, then the run's keys, then the command's
-``--set`` keys, then ``seed``. Its label is the name followed by the grid point
-(``FedAlt split=head lr=0.01``). Every run's
+``--set`` keys, then ``seed``, and ``sample-seed`` = ``seed`` where none of these set it (a
+reproducible client sample; ``sample-seed = -1`` in the file asks for the secret one). Its
+label is the name followed by the grid point (``FedAlt split=head lr=0.01``). Every run's
 whole config is validated when the file is loaded (``pflower.config.Config``: an unknown key
 or a bad value names the run, the key, the value and what is allowed), before anything runs.
 

@@ -10,6 +10,9 @@ from typing import Any
 
 from pflower.experiment.spec import RESERVED, ExperimentError, Run
 
+#: the run-config key of the client sample's seed: each run's ``seed`` unless set
+SAMPLE_SEED = "sample-seed"
+
 
 def _grid(table: Mapping, where: str) -> list[tuple[str, list]]:
     grid = []
@@ -66,6 +69,9 @@ def _runs_of(
             )
         for seed in seeds:
             config = {**base, **keys, **entry, **overrides, "seed": seed}
+            # a reproducible sample (a table's rows compare like with like, a rerun repeats
+            # it), unless the file asks otherwise (-1: secret, as the app's default)
+            config.setdefault(SAMPLE_SEED, seed)
             runs.append(Run(label, name, point, seed, config))
     return runs, labels
 

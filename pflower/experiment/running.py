@@ -35,6 +35,9 @@ def finished(run: Run, experiment: Experiment) -> bool:
     # the directory may have moved (--out, a copy): where it wrote is not part of the run
     recorded.pop("outputs-dir", None)
     expected.pop("outputs-dir", None)
+    # a run recorded before 'sample-seed' existed sampled from random.Random(seed), which is
+    # what sample-seed = seed draws: the same run
+    recorded.setdefault("sample-seed", recorded.get("seed"))
     return recorded == expected  # as JSON stores it (tuples: lists)
 
 

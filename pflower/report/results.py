@@ -48,6 +48,12 @@ class RunReport:
     run_tag: str = ""
     #: the SHA-256 hash of the FAB the run came from (``flwr run``), "" for a run in process
     fab_hash: str = ""
+    #: the generator clients were sampled from: its seed (secret unless ``sample-seed`` >= 0,
+    #: so in ``results.json``, the server's own file, and never in ``config.json``), whether
+    #: it was secret, its kind (``strategies.nodes.sample_stream``)
+    sampling: dict | None = None
+    #: the nodes the start-up handshake refused: node, partition id, reason
+    refused: list = dataclasses.field(default_factory=list)
 
     @property
     def final(self) -> dict:
@@ -218,6 +224,8 @@ def write(report: RunReport, out: Path | None = None) -> Path:
                 "dropped-replies": report.dropped,
                 "seconds": report.seconds,
                 "privacy": report.privacy,
+                "sampling": report.sampling,
+                "refused-nodes": report.refused,
             },
             indent=2,
         )

@@ -191,6 +191,12 @@ def summary_table(report: RunReport) -> str:
         f"({hurt_rule}): {'–' if hurt is None else int(hurt)}; "
         f"dropped replies: {report.dropped}",
     ]
+    if report.refused:
+        nodes = len({r["node"] for r in report.refused})
+        lines.append(
+            f"nodes refused at the start-up handshake, never sampled: {nodes} "
+            "(results.json: refused-nodes)"
+        )
     privacy = privacy_line(report)
     if privacy:
         lines.append(privacy)

@@ -15,24 +15,34 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from torch import nn
 from torch.utils.data import DataLoader
 
 from pflower.strategies import privacy
 from pflower.task import split as splits
 from pflower.task import train as training
+from pflower.task.fingerprint import model_fingerprint
 from pflower.task.models import GLOBAL_RNG
 from pflower.task.state import Store, load_matching, magnitude
 from pflower.wire import (
     ARRAYS,
+    CONFIG,
+    DATA_KIND,
     FINAL,
     LR,
     LR_SCALE,
+    METRICS,
+    MODEL_FINGERPRINT,
+    NODE_FACTS,
     NUM_EXAMPLES,
+    NUM_PARTITIONS,
+    NUM_TRAIN,
+    PARTITION_ID,
     PERSONAL_INIT,
     PHASE,
     PRETRAIN,
+    QUERY,
     SERVER_ROUND,
     ConfigMismatch,
     array_view,
@@ -263,6 +273,33 @@ class ClientJob:
     def save_personal(self, key: str = PERSONAL) -> None:
         # the parameters themselves: a store keeps the values as they are now (``Store``)
         self.store.save(key, {n: self.params[n].detach() for n in self.split.personal})
+
+
+def answer_query(
+    msg: Message,
+    node_config: Mapping,
+    data: str,
+    model: Callable[[], nn.Module | None],
+    num_train: Callable[[], int],
+) -> Message:
+    """The reply to the strategy's start-up query (``nodes.NodeSampling.learn_partitions``),
+    for every ClientApp: the node's ``partition-id`` and ``num-partitions`` (node config),
+    if asked its node facts (``data``: the kind of its data, ``task.fingerprint.data_kind``;
+    the fingerprint of ``model()``, none if it returns None) and its number of training
+    examples (``num_train()``: PFLEGO's alpha). ``model`` and ``num_train`` are called only
+    when asked: building the model or loading the data costs."""
+    asked = str(msg.content[CONFIG].get(QUERY, "")).split(",") if CONFIG in msg.content else []
+    metrics = {k: int(node_config[k]) for k in (PARTITION_ID, NUM_PARTITIONS) if k in node_config}
+    if NUM_TRAIN in asked:
+        metrics[NUM_TRAIN] = num_train()
+    content = RecordDict({METRICS: MetricRecord(metrics)})
+    if NODE_FACTS in asked:
+        facts = {DATA_KIND: data}
+        built = model()
+        if built is not None:
+            facts[MODEL_FINGERPRINT] = model_fingerprint(built)
+        content[NODE_FACTS] = ConfigRecord(facts)
+    return Message(content=content, reply_to=msg)
 
 
 def local_dp(

@@ -1,7 +1,9 @@
 """``PersonalizedStrategy``, the server loop every pflower strategy runs (a Flower
 message-API ``Strategy``):
 
-- samples clients uniformly **without replacement** from its own seeded generator;
+- samples clients uniformly **without replacement** from its own generator, secret unless
+  ``sample_seed`` >= 0, after a start-up handshake that refuses nodes running another model
+  or data, or claiming another's partition id (``nodes.NodeSampling``);
 - sends only the shared parameters (``arrays``) and a ``config`` record;
 - checks every reply before aggregation (``checks.ReplyChecks``): a reply that is an error,
   lacks the algorithm's reply key (``arrays``, ``delta`` or ``gradient``), carries other
@@ -13,7 +15,7 @@ message-API ``Strategy``):
 - aggregates evaluation per DESIGN.md: pooled accuracy, mean over clients, p10/p50/p90,
   worst client, and the number of clients whose personalized accuracy is below the global
   model's. Evaluation runs every ``evaluate_every`` rounds; the final round evaluates
-  every client up to 100 clients, a seeded sample of max(100, 10%) past that
+  every client up to 100 clients, a uniform sample of max(100, 10%) past that
   (``final_evaluate_fraction``);
 - keeps at most ``max_in_flight`` messages outstanding (16 on the simulation engine) and
   combines replies in partition order, so that arrival order changes no bit of a result.
@@ -33,7 +35,6 @@ combine, nodes, history, server_opt).
 from __future__ import annotations
 
 import logging
-import random
 import time
 import uuid
 from abc import abstractmethod
@@ -156,7 +157,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         Fraction of nodes sampled for evaluation (the final round: ``final_evaluate_fraction``).
     final_evaluate_fraction : float (default: ``final-evaluate-fraction``)
         Fraction of nodes the final round evaluates; 0 (auto): every node when there are at
-        most ``FINAL_EVALUATE_ALL`` (100), else a seeded uniform sample of
+        most ``FINAL_EVALUATE_ALL`` (100), else a uniform sample of
         ``max(100, 10%)`` of them (the per-client statistics are then over that sample).
     max_in_flight : int (default: ``max-in-flight``)
         At most this many messages outstanding at once (``nodes.Window``); 0 (auto): 16 on
@@ -192,7 +193,17 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
     shared_names : sequence of str or None (default: None)
         Names of the shared parameters; required when ``pretrain_rounds > 0``.
     seed : int (default: ``seed``)
-        Seed of the client-sampling generator.
+        The run's seed, which every client receives: the robust rule's (BR-FFGG's buckets);
+        never the sample's.
+    sample_seed : int (default: ``sample-seed``)
+        -1: clients are sampled from a secret seed drawn from OS entropy now
+        (``nodes.SecretRandom``), which nothing sent to a client reveals (``sampling`` holds
+        it; ``results.json`` and checkpoints record it); >= 0: ``random.Random(sample_seed)``,
+        a reproducible sample anyone who knows the seed can predict.
+    model_fingerprint : str (default: "")
+        The fingerprint (``pflower.task.fingerprint.model_fingerprint``) of the model every
+        node must run, checked at the start-up handshake; "": the app sets its run model's,
+        a strategy built by hand compares the nodes with the value most of them report.
     holdout_fraction : float (default: ``holdout-fraction``)
         Share of the clients (the highest partition ids) never sampled for training: they
         are evaluated as new clients (their personal part from the algorithm's new-client
@@ -280,6 +291,8 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         pretrain_lr: float | None = None,
         shared_names: Sequence[str] | None = None,
         seed: int = RUN_DEFAULTS.seed,
+        sample_seed: int = RUN_DEFAULTS.sample_seed,
+        model_fingerprint: str = "",
         holdout_fraction: float = RUN_DEFAULTS.holdout_fraction,
         robust: Aggregator | None = None,
         byzantine: int = RUN_DEFAULTS.robust_byzantine,
@@ -359,7 +372,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             self.algorithm = algorithm
         self.settings_fingerprint = settings_fingerprint
         self.min_available_nodes = min_available_nodes
-        self.rng = random.Random(seed)
+        self.init_sampling(sample_seed, model_fingerprint)  # rng, sampling, the handshake
         self.num_rounds = 0
         self.history: list[RoundLog] = []
         self.final_clients: list[dict[str, float]] = []
@@ -455,6 +468,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
                 self.pretrain_lr,
             )
         log.info("\t│\t├── client lr %g (%s schedule)", self.lr, self.lr_schedule)
+        log.info("\t│\t├── client sample %s", self.sample_line())
         log.info("\t│\t├── server optimizer %s", self.server_optimizer.describe())
         log.info("\t│\t└── reply key %r", self.reply_key)
 
@@ -573,7 +587,14 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             # issue 46: q from the nodes eligible when this round sampled (they join and leave)
             eligible = self.sampled_from
             if not self.privacy.started:  # the first training round: the population known
-                self.privacy.start(eligible, len(nodes), self.num_rounds, rate=self.fraction_train)
+                # issue 46: a sample others can reproduce (sample-seed >= 0) amplifies nothing
+                self.privacy.start(
+                    eligible,
+                    len(nodes),
+                    self.num_rounds,
+                    amplified=self.sampling["secret"],
+                    rate=self.fraction_train,
+                )
                 problem = self.privacy.signal_problem(
                     sum(int(np.prod(a.shape)) for a in arrays.values())
                 )
@@ -845,6 +866,7 @@ def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> d
         "pretrain_lr": cfg.effective_pretrain_lr,
         "shared_names": shared_names,
         "seed": cfg.seed,
+        "sample_seed": cfg.sample_seed,
         "holdout_fraction": cfg.holdout_fraction,
         "robust": robust_aggregator(cfg),
         "byzantine": cfg.robust_byzantine,
