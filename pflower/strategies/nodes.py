@@ -310,6 +310,11 @@ class NodeSampling:
     over the eligible nodes in partition-id order. With a secret generator the order gives no
     node an advantage: no one can compute which positions a round will draw."""
 
+    #: central DP's Poisson sampling (``dp-sampling = "poisson"``): a coin per eligible node
+    poisson_train = False
+    #: how many nodes the last training sample was drawn from (DP's q)
+    sampled_from = 0
+
     def init_sampling(self, sample_seed: int = -1, model_fingerprint: str = "") -> None:
         """The sampling generator (``sample_stream``; ``sampling`` records it) and the
         handshake's state; ``model_fingerprint``: the model every node must run ('' : none
