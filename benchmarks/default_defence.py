@@ -36,6 +36,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
@@ -63,8 +64,20 @@ ALGORITHMS = (
 #: what an algorithm needs besides the defaults (L2GD: every client takes every step)
 NEEDS = {"l2gd": {"fraction-train": 1.0}}
 REPLY_KEYS = ("arrays", "delta", "gradient")
-#: the default run on the scikit-learn digits (1 797 8x8 images: fast), every other key default
-BASE: dict = {}
+
+
+def app_config() -> dict:
+    """The app's default run config (pyproject.toml's ``[tool.flwr.app.config]``: what
+    ``flwr run .`` runs, pre-training included)."""
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    return dict(tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"])
+
+
+#: every key at the app's default (the main job's pipeline: 10 FedAvg pre-training rounds
+#: + 10 rounds of the algorithm on mnist-5k, 10 nodes, 2 classes each, 5 per round)
+BASE: dict = app_config()
 NUM_NODES = 10
 
 #: the strategy of the run in progress (the adversary reads the bound's state from it)
@@ -197,6 +210,7 @@ def main(argv=None) -> None:
     parser.add_argument("--set", nargs="*", default=[], help="KEY=VALUE run-config overrides")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # one process per core: a shared box is not oversubscribed
     logging.getLogger("flwr").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     _watch()
@@ -228,6 +242,7 @@ def main(argv=None) -> None:
                 f"{attacked.get('error', '')}",
                 flush=True,
             )
+    print(table(rows))
     if args.out:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
@@ -244,6 +259,51 @@ def main(argv=None) -> None:
                 indent=1,
             )
         )
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: per algorithm, the mean +- std over seeds of the clean and attacked
+    accuracies (all clients, and the honest ones) and of the loss."""
+    lines = [
+        "| algorithm | seeds | clean | attacked | loss | honest clean | honest attacked | "
+        "honest loss | clipped (attacked / clean) | dropped | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
+        mine = [r for r in rows if r["algorithm"] == algorithm]
+
+        def stat(values) -> str:
+            values = [100 * v for v in values if v is not None]
+            if not values:
+                return "-"
+            return f"{np.mean(values):.2f} ± {np.std(values):.2f}"
+
+        def pair(key, side):
+            return [r[side].get(key) for r in mine]
+
+        def loss(key):
+            return [
+                a - b
+                for a, b in zip(pair(key, "clean"), pair(key, "attacked"))
+                if a is not None and b is not None
+            ]
+
+        dropped: dict[str, int] = {}
+        for r in mine:
+            for reason, n in r["attacked"].get("dropped", {}).items():
+                dropped[reason] = dropped.get(reason, 0) + n
+        errors = sum("error" in r["attacked"] or "error" in r["clean"] for r in mine)
+        clipped = (
+            f"{sum(r['attacked'].get('clipped', 0) for r in mine)} / "
+            f"{sum(r['clean'].get('clipped', 0) for r in mine)}"
+        )
+        lines.append(
+            f"| {algorithm} | {len(mine)} | {stat(pair('personal-accuracy', 'clean'))} | "
+            f"{stat(pair('personal-accuracy', 'attacked'))} | {stat(loss('personal-accuracy'))} | "
+            f"{stat(pair('honest-accuracy', 'clean'))} | {stat(pair('honest-accuracy', 'attacked'))} "
+            f"| {stat(loss('honest-accuracy'))} | {clipped} | {dropped or '-'} | {errors} |"
+        )
+    return "\n".join(lines)
 
 
 def _diff(a, b) -> str:

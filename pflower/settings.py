@@ -588,7 +588,7 @@ class RunSettings(Settings):
         description="centered clipping's radius",
     )
     robust_clip_factor: float = Field(
-        2.0,
+        1.0,
         alias="robust-clip-factor",
         ge=1,
         description=(

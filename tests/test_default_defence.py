@@ -24,12 +24,15 @@ from pflower.strategies.combine import AdaptiveClipping
 FACTOR = 2.0
 
 
-def reference_clip(X: np.ndarray, factor: float = FACTOR, iterations: int = 3):
+def reference_clip(X: np.ndarray, factor: float = FACTOR, iterations: int = 3, w=None):
     """The rule on an N x d stack of updates, written from its statement: the plain mean if
-    no row is farther than factor x the lower median distance from it; else from the
-    coordinate-wise median, ``iterations`` centered-clipping steps, then every row clipped
-    into the ball. Returns (clipped rows, centre, radius, how many were clipped)."""
+    no row is farther than factor x the lower median distance from it (a row weighing w_i
+    above the lower median weight w_m: than that x w_m / w_i); else from the coordinate-wise
+    median, ``iterations`` centered-clipping steps, then every row clipped into its ball.
+    Returns (clipped rows, centre, radius, how many were clipped)."""
     n = len(X)
+    w = np.ones(n) if w is None else np.asarray(w, dtype=float)
+    share = np.minimum(1.0, np.sort(w)[math.ceil(n / 2) - 1] / w)
 
     def radius(v):
         d = np.linalg.norm(X - v, axis=1)
@@ -37,7 +40,7 @@ def reference_clip(X: np.ndarray, factor: float = FACTOR, iterations: int = 3):
 
     v = X.mean(0)
     d, tau = radius(v)
-    if (d <= tau).all():
+    if (d <= tau * share).all():
         return X.copy(), v, tau, 0
     v = np.median(X, axis=0)
     for _ in range(iterations):
@@ -45,7 +48,7 @@ def reference_clip(X: np.ndarray, factor: float = FACTOR, iterations: int = 3):
         c = np.minimum(1.0, tau / d)
         v = v + (c[:, None] * (X - v)).mean(0)
     d, tau = radius(v)
-    c = np.minimum(1.0, tau / d)
+    c = np.minimum(1.0, tau * share / d)
     return np.where((c < 1)[:, None], v + c[:, None] * (X - v), X), v, tau, int((c < 1).sum())
 
 
@@ -112,6 +115,25 @@ def test_a_byzantine_minority_moves_the_mean_by_at_most_its_share_of_the_radius(
         assert tau <= FACTOR * np.linalg.norm(honest - v, axis=1).max() * (1 + 1e-9)
         as_if_honest = np.vstack([applied[: n - f], np.repeat(v[None], f, 0)]).mean(0)
         assert np.linalg.norm(applied.mean(0) - as_if_honest) <= f / n * tau * (1 + 1e-9)
+
+
+def test_a_claim_buys_no_more_weight_than_the_lower_median_claim():
+    """A reply weighing w_i > w_m (the lower median weight) is clipped to radius
+    tau x w_m / w_i: in the weighted mean its distance from the centre counts at most as
+    much as w_m x tau, whatever it claims."""
+    rng = np.random.default_rng(3)
+    for trial in range(100):
+        n = int(rng.integers(3, 12))
+        X = rng.normal(0, 1, (n, 6))
+        X[0] = rng.normal(0, 1, 6) * 10.0 ** rng.uniform(0, 6)
+        w = rng.integers(50, 150, n).astype(float)
+        w[0] = 10.0 ** rng.uniform(0, 5)  # the liar's claim, any size
+        out, _ = AdaptiveClipping(FACTOR).clip("x", [{"w": x} for x in X], None, w)
+        applied = np.stack([o["w"] for o in out])
+        expected, v, tau, _ = reference_clip(X, w=w)
+        np.testing.assert_allclose(applied, expected, rtol=1e-9, atol=1e-9 * np.abs(X).max())
+        w_m = np.sort(w)[math.ceil(n / 2) - 1]
+        assert (w * np.linalg.norm(applied - v, axis=1) <= w_m * tau * (1 + 1e-9)).all()
 
 
 def test_small_rounds_are_clipped_to_what_a_larger_round_applied():

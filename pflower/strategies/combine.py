@@ -179,7 +179,7 @@ class AdaptiveClipping:
 
     name = "adaptive-clipping"
 
-    def __init__(self, factor: float = 2.0, iterations: int = 3, growth: float = 2.0) -> None:
+    def __init__(self, factor: float = 1.0, iterations: int = 3, growth: float = 2.0) -> None:
         if not factor >= 1:
             raise ValueError(f"adaptive clipping: factor = {factor}: must be >= 1")
         if iterations < 1:
@@ -194,13 +194,21 @@ class AdaptiveClipping:
         kind: str,
         vectors: Sequence[Mapping[str, np.ndarray]],
         center: Mapping[str, np.ndarray] | None = None,
+        weights: Sequence[float] | None = None,
     ) -> tuple[list[Mapping[str, np.ndarray]], int]:
         """The replies with their updates clipped (returned weights stay returned weights:
         with ``center`` the update is ``center - vectors[i]``), and how many were clipped.
-        An unclipped reply is returned as the same object."""
+        An unclipped reply is returned as the same object. ``weights``: what the algorithm
+        weighs each reply by (None: equal); a reply weighing more than the round's lower
+        median weight w_m has its radius scaled by w_m / w_i, so that no reply's weighted
+        distance from the centre exceeds w_m x tau, whatever it claims."""
         vectors = list(vectors)
         if not vectors:
             return vectors, 0
+        share = np.ones(len(vectors))
+        if weights is not None:  # radius x w_m / w_i above the lower median weight
+            w = np.asarray(list(weights), dtype=np.float64)
+            share = np.minimum(1.0, lower_median_of(w) / np.maximum(w, 1e-300))
         if center is not None:
             center = {k: np.asarray(c, dtype=np.float64) for k, c in center.items()}
         if len(vectors) < MIN_SPREAD_REPLIES:
@@ -208,14 +216,12 @@ class AdaptiveClipping:
             if rho is None:
                 return vectors, 0
             zero = {k: np.zeros(np.shape(a), np.float64) for k, a in vectors[0].items()}
-            scale = np.minimum(
-                1.0, self.growth * rho / np.maximum(_distances(vectors, center, zero), 1e-300)
-            )
-            return self._apply(vectors, center, zero, scale)
+            d = np.maximum(_distances(vectors, center, zero), 1e-300)
+            return self._apply(vectors, center, zero, np.minimum(1.0, self.growth * rho / d))
         v = _mean(vectors, center)
         d = _distances(vectors, center, v)
         tau = self.factor * lower_median_of(d)
-        if (d <= tau).all():
+        if (d <= tau * share).all():
             self.rho[kind] = _norm(v) + tau
             return vectors, 0
         median = robust_combine(aggregators.CoordinateMedian(), vectors, 0, None)
@@ -229,7 +235,9 @@ class AdaptiveClipping:
         d = _distances(vectors, center, v)
         tau = self.factor * lower_median_of(d)
         self.rho[kind] = _norm(v) + tau
-        return self._apply(vectors, center, v, np.minimum(1.0, tau / np.maximum(d, 1e-300)))
+        return self._apply(
+            vectors, center, v, np.minimum(1.0, tau * share / np.maximum(d, 1e-300))
+        )
 
     @staticmethod
     def _apply(vectors, center, v, scale) -> tuple[list[Mapping[str, np.ndarray]], int]:

@@ -258,6 +258,10 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
     #: app sends the run config's ``algorithm``)
     algorithm = "fedavg|fedavg-ft"
 
+    #: whether the algorithm's mean weighs the replies by their ``num-examples`` (FedAvg's
+    #: data-size weights; an algorithm with a choice sets it from its key)
+    weighted = True
+
     #: this algorithm's values for the run-config keys left at ``auto`` (``settings.AUTO``),
     #: the same mapping its registration declares (``registry.Algorithm.defaults``): a
     #: strategy built by hand uses them as the app does (``app_settings``)
@@ -726,11 +730,12 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         pretraining = self.pretraining(server_round)
         weights = pretraining or self.reply_key == ARRAYS
         kind = PRETRAIN if pretraining else self.reply_key
+        sizes = self.aggregation_weights(server_round, updates)
         tensors, _ = self.clipping.clip(
-            kind, [u.tensors for u in updates], current if weights else None
+            kind, [u.tensors for u in updates], current if weights else None, sizes
         )
         extras = {
-            key: self.clipping.clip(key, [u.extra[key] for u in updates])[0]
+            key: self.clipping.clip(key, [u.extra[key] for u in updates], None, sizes)[0]
             for key in (() if pretraining else self.extra_reply_keys)
         }
         out, clipped = [], 0
@@ -746,6 +751,12 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             norm = u.norm if tensors[i] is u.tensors else None
             out.append(ClientUpdate(u.node_id, tensors[i], u.metrics, extra, norm))
         return out, clipped
+
+    def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> list[float]:
+        """What the round's aggregation weighs each reply by: its ``num-examples`` in
+        pre-training and where the algorithm weighs by data size (``weighted``), else 1."""
+        sized = self.pretraining(server_round) or self.weighted
+        return [u.num_examples if sized else 1.0 for u in updates]
 
     def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
         """The round's training metrics: the replies' metrics weighted by num-examples."""
