@@ -76,6 +76,7 @@ STRATEGY_ATTRIBUTES = (
     "extra_norm_bounds",
     "final_clients",
     "robust",
+    "clipping",
     "run_tag",
     "privacy",  # the DP accountant's ledger and the adaptive clip
 )

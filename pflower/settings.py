@@ -69,6 +69,7 @@ Weighting = Literal["uniform", "num-examples"]
 RobustAggregator = Literal[
     "auto",
     "none",
+    "adaptive-clipping",
     "median",
     "trimmed-mean",
     "krum",
@@ -104,7 +105,7 @@ AUTO: dict[str, tuple[Any, Any]] = {
     "server_lr": (0.0, 1.0),
     "local_steps": (0, 0),  # generic: 0 = count local work in epochs
     "personal_lr": (0.0, 0.0),  # generic: 0 = the client lr
-    "robust_aggregator": ("auto", "none"),
+    "robust_aggregator": ("auto", "adaptive-clipping"),
     "robust_bucket_size": (0, 0),
 }
 
@@ -586,6 +587,15 @@ class RunSettings(Settings):
         alias="robust-clip-radius",
         gt=0,
         description="centered clipping's radius",
+    )
+    robust_clip_factor: float = Field(
+        1.0,
+        alias="robust-clip-factor",
+        ge=1,
+        description=(
+            "adaptive clipping's radius: this many times the lower median of the updates' "
+            "distances to the round's robust centre"
+        ),
     )
     robust_clip_iterations: int = Field(
         3,

@@ -57,7 +57,7 @@ log = logging.getLogger("flwr.pflower")
 #: C gradients) divided by C = 5, the default concurrency of the default run (10 nodes x
 #: fraction-train 0.5); at 1.0 single clients' gradients overshoot (64% vs 89% measured,
 #: benchmarks/default_runs.py)
-ASYNC_FFGG_DEFAULTS = {"server_lr": 0.2}
+ASYNC_FFGG_DEFAULTS = {"server_lr": 0.2, "robust_aggregator": "none"}
 
 
 class AsyncFFGGSettings(Settings):

@@ -287,6 +287,24 @@ class ReplyChecks:
         for node in sorted(self._asked - answered):
             self._drop(server_round, node, "no reply within the round timeout")
 
+    def _answers(self, server_round: int, replies: list[Message]) -> list[Message]:
+        """The replies that answer one of this round's messages, one per node: a reply to
+        another round's message, and a node's second reply in a round, are dropped and
+        counted (Flower's SuperLink refuses both; a ``Grid`` of one's own may not)."""
+        sent = {m.metadata.message_id for m in self._sent}
+        seen: set[int] = set()
+        kept = []
+        for msg in replies:
+            node = self.sender(msg)
+            if msg.metadata.reply_to_message_id not in sent:
+                self._drop(server_round, node, "reply to a message of another round")
+            elif node in seen:
+                self._drop(server_round, node, "a second reply of this node in the round")
+            else:
+                seen.add(node)
+                kept.append(msg)
+        return kept
+
     def sender(self, msg: Message) -> int:
         """The node a reply comes from. For a node that died Flower's SuperLink answers
         itself (an error reply whose source is the SuperLink, node id 1); the reply names the
@@ -470,11 +488,15 @@ class ReplyChecks:
         else:
             scratch: dict[str, np.ndarray] = {}
             norms = np.array([update_norm({}, u.extra[key], False, scratch) for u in updates])
-        bound = limit.bound(norms, weights, provisional_scale(current, factor))
         privacy = getattr(self, "privacy", None)
-        if privacy is not None:  # local DP: an honest noised update is long, never dropped
+        if privacy is not None and privacy.local:
+            # local DP: an honest noised update is long (the noise's norm), never dropped, and
+            # no longer than the allowance; the allowance is then the bound (max(K R, it)
+            # let a Byzantine reply reach ~700 x it), and no statistic across replies is used
             size = sum(int(np.size(a)) for a in current.values())
-            bound = max(bound, privacy.reply_norm_allowance(size))
+            bound = privacy.reply_norm_allowance(size)
+        else:
+            bound = limit.bound(norms, weights, provisional_scale(current, factor))
         what = "" if key is None else f" of {key}"
         kept = []
         for u, size in zip(updates, norms):

@@ -109,6 +109,7 @@ class L2GD(PersonalizedStrategy):
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
     algorithm = "l2gd"
+    weighted = False  # the mean of the x_m, unweighted
     defaults = L2GD_DEFAULTS
 
     #: what a checkpoint keeps besides the base strategy's (``pflower.checkpoint``): the

@@ -27,8 +27,11 @@ The update-norm bound of pflower's own strategies (``checks.UpdateNormBound``: e
 most ``max_update_norm`` x a reference that starts at the model's norm and grows at most
 ``update_norm_growth`` per round) holds at every round size, and the rule's preconditions
 (breakdown point for ``byzantine``, Multi-Krum's m <= N - f) are checked every round against
-the replies kept: a round that cannot meet them is skipped and counted (``skipped``), never
-combined with a smaller f. A round that aggregates nothing keeps the model, and
+the replies kept. ``byzantine`` = f bounds the faulty nodes of a round, so each node asked
+that left no kept reply (dropped, an error, silent) is one of them and the kept replies hold
+at most ``f_kept = f - (asked - kept)``: the rule runs with ``f_kept``; where it cannot and
+``f_kept`` = 0 the kept replies are all honest and their mean is taken; otherwise the round
+is skipped and counted (``skipped``), never combined with an f below ``f_kept``. A round that aggregates nothing keeps the model, and
 ``Result.arrays`` is always the last good model (the initial one if no round aggregated).
 
 Every array keeps its shape and dtype (a 0-dim scalar parameter comes back 0-dim). Like
@@ -200,12 +203,19 @@ class RobustAggregation:
         if not kept:
             log.warning("round %d: no usable reply; the model is unchanged", server_round)
             return self._current, None
-        problem = self.aggregator.problem(len(kept), self.byzantine)
-        if problem:  # too few replies left for the rule and f: skip the round, keep the model
+        # f counts the round's faulty nodes: each node asked that left no kept reply (dropped,
+        # an error, silent) is one of them, so the kept replies hold at most f_kept
+        f_kept = max(0, self.byzantine - max(0, len(self._asked) - len(kept)))
+        problem = self.aggregator.problem(len(kept), f_kept)
+        if problem and f_kept == 0:  # every kept reply is honest: their plain mean
+            rule: Aggregator = aggregators.Mean()
+        elif problem:  # too few replies left for the rule and f: skip, keep the model
             self.skipped += 1
             log.warning("round %d: skipped, the model is unchanged: %s", server_round, problem)
             return self._current, None
-        step = aggregators.unstack(self.aggregator(X, f=self.byzantine), layout)
+        else:
+            rule = self.aggregator
+        step = aggregators.unstack(rule(X, f=f_kept), layout)
         # np.asarray, not np.ascontiguousarray: that one turns a 0-dim array into shape (1,)
         arrays = ArrayRecord(
             {k: Array(np.asarray(current[k] - step[k], dtype=current[k].dtype)) for k in current}

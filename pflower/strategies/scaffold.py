@@ -71,6 +71,7 @@ class Scaffold(PersonalizedStrategy):
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
     algorithm = "scaffold"
+    weighted = False  # the mean of the deltas, unweighted
 
     #: what a checkpoint keeps besides the base strategy's (``pflower.checkpoint``): c
     checkpoint_attributes = ("control",)

@@ -57,6 +57,8 @@ from pflower.settings import RunSettings
 from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.checks import ReplyChecks
 from pflower.strategies.combine import (
+    AdaptiveClipping,
+    adaptive_clipping,
     robust_aggregator,
     robust_combine,
     weighted_mean,
@@ -267,6 +269,10 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
     #: app sends the run config's ``algorithm``)
     algorithm = "fedavg|fedavg-ft"
 
+    #: whether the algorithm's mean weighs the replies by their ``num-examples`` (FedAvg's
+    #: data-size weights; an algorithm with a choice sets it from its key)
+    weighted = True
+
     #: this algorithm's values for the run-config keys left at ``auto`` (``settings.AUTO``),
     #: the same mapping its registration declares (``registry.Algorithm.defaults``): a
     #: strategy built by hand uses them as the app does (``app_settings``)
@@ -295,6 +301,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         model_fingerprint: str = "",
         holdout_fraction: float = RUN_DEFAULTS.holdout_fraction,
         robust: Aggregator | None = None,
+        clipping: AdaptiveClipping | bool | None = None,
         byzantine: int = RUN_DEFAULTS.robust_byzantine,
         attack_simulation: Callable | None = None,
         max_update_norm: float = RUN_DEFAULTS.max_update_norm,
@@ -360,6 +367,9 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         self.privacy = Mechanism(privacy) if privacy.on else None
         #: dp-sampling = "poisson": each eligible node trains on its own coin (NodeSampling)
         self.poisson_train = self.central_dp and privacy.sampling == POISSON
+        if clipping is None:  # the app's: adaptive clipping unless a rule or DP replaces it
+            clipping = adaptive_clipping(app) if robust is None and not privacy.on else False
+        self.clipping = clipping or None
         if self.central_dp and robust is not None:
             raise ValueError(
                 "privacy mode 'central' with a robust rule: the noise is calibrated to the "
@@ -658,15 +668,31 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             rng = noise_rng(self.privacy.dp.seed, self._train_round)
             return self.privacy.mean(vectors, len(self._asked), rng, center)
         if self.robust is None:
-            if center is not None:
-                return weighted_mean_of_updates(center, vectors, weights)
-            return weighted_mean(vectors, weights)
-        # the rule's preconditions against the replies kept (drops may have left too few for
-        # f = byzantine, or Multi-Krum's m > N - f): such a round is skipped, not weakened
-        problem = self.robust.problem(len(vectors), self.byzantine)
+            return self.combine_mean(vectors, weights, center)
+        # f counts the round's faulty nodes: every sampled node without a kept reply (dropped
+        # for its reply, an error, or silent) is one of them, so the kept replies hold at
+        # most f_kept; a rule that cannot run with them is skipped, never weakened, and where
+        # f_kept = 0 every kept reply is honest and the mean (the algorithm's own) serves
+        f_kept = self.byzantine_kept(len(vectors))
+        problem = self.robust.problem(len(vectors), f_kept)
+        if problem and f_kept == 0:
+            return self.combine_mean(vectors, weights, center)
         if problem:
             raise RoundSkipped(problem)
-        return robust_combine(self.robust, vectors, self.byzantine, center)
+        return robust_combine(self.robust, vectors, f_kept, center)
+
+    def byzantine_kept(self, kept: int) -> int:
+        """How many of ``kept`` replies may be Byzantine: ``byzantine`` less the round's
+        sampled nodes that left no kept reply (each of them one of the faulty nodes f
+        bounds)."""
+        return max(0, self.byzantine - max(0, len(self._asked) - kept))
+
+    @staticmethod
+    def combine_mean(vectors, weights, center=None) -> dict[str, np.ndarray]:
+        """The weighted mean of the update vectors (of ``center - vectors[i]``)."""
+        if center is not None:
+            return weighted_mean_of_updates(center, vectors, weights)
+        return weighted_mean(vectors, weights)
 
     def average_weights(
         self,
@@ -717,6 +743,46 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         step = self.combine(tensors, sizes, current)
         return {k: current[k].astype(np.float64) - step[k] for k in current}
 
+    def clip_updates(
+        self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
+    ) -> tuple[list[ClientUpdate], int]:
+        """The replies with their updates clipped by the default defence (``clipping``,
+        ``combine.AdaptiveClipping``): the update of the reply key and each further record,
+        each kind against its own spread; and how many replies were clipped. The
+        algorithm's ``aggregate`` then runs on them unchanged."""
+        if self.clipping is None or not updates:
+            return updates, 0
+        pretraining = self.pretraining(server_round)
+        weights = pretraining or self.reply_key == ARRAYS
+        kind = PRETRAIN if pretraining else self.reply_key
+        sizes = self.aggregation_weights(server_round, updates)
+        tensors, _ = self.clipping.clip(
+            kind, [u.tensors for u in updates], current if weights else None, sizes
+        )
+        extras = {
+            key: self.clipping.clip(key, [u.extra[key] for u in updates], None, sizes)[0]
+            for key in (() if pretraining else self.extra_reply_keys)
+        }
+        out, clipped = [], 0
+        for i, u in enumerate(updates):
+            extra = {key: extras[key][i] for key in extras}
+            changed = tensors[i] is not u.tensors or any(
+                extra[key] is not u.extra[key] for key in extra
+            )
+            if not changed:
+                out.append(u)
+                continue
+            clipped += 1
+            norm = u.norm if tensors[i] is u.tensors else None
+            out.append(ClientUpdate(u.node_id, tensors[i], u.metrics, extra, norm))
+        return out, clipped
+
+    def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> list[float]:
+        """What the round's aggregation weighs each reply by: its ``num-examples`` in
+        pre-training and where the algorithm weighs by data size (``weighted``), else 1."""
+        sized = self.pretraining(server_round) or self.weighted
+        return [u.num_examples if sized else 1.0 for u in updates]
+
     def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
         """The round's training metrics: the replies' metrics weighted by num-examples."""
         return weighted_mean_metrics([u.metrics for u in updates])
@@ -725,7 +791,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         self, server_round, replies
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         # in partition order, not arrival order: float sums then do not depend on timing
-        replies = self._in_order(replies)
+        replies = self._answers(server_round, self._in_order(replies))
         self._count_silent(server_round, replies)
         if self.privacy is not None and self.privacy.local:  # every report left its client
             self.privacy.released([self.sender(m) for m in replies if not m.has_error()])
@@ -734,6 +800,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         current = {k: array_view(a) for k, a in self._current.items()}
         updates = self.simulate_omniscient(server_round, current, updates)
         updates = self.bound_updates(server_round, current, updates)
+        updates, clipped = self.clip_updates(server_round, current, updates)
         entry = self._log(server_round)
         entry.seconds = time.perf_counter() - self._round_start
         metrics = {
@@ -741,6 +808,8 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             "applied": len(updates),
             "dropped": len(replies) - len(updates),
         }
+        if self.clipping is not None:
+            metrics["clipped"] = clipped
         if not updates and self.central_dp:  # issue 46: still a release, noised and counted
             return self._release_nothing(server_round, current, metrics, entry)
         if not updates:
@@ -816,7 +885,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         return ClientUpdate(-1, tensors, {NUM_EXAMPLES: 1.0}, extra, norm=0.0)
 
     def aggregate_evaluate(self, server_round, replies) -> MetricRecord | None:
-        replies = self._in_order(replies)
+        replies = self._answers(server_round, self._in_order(replies))
         self._count_silent(server_round, replies)
         rows = []
         for msg in replies:
@@ -869,6 +938,7 @@ def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> d
         "sample_seed": cfg.sample_seed,
         "holdout_fraction": cfg.holdout_fraction,
         "robust": robust_aggregator(cfg),
+        "clipping": adaptive_clipping(cfg) or False,
         "byzantine": cfg.robust_byzantine,
         "max_update_norm": cfg.max_update_norm,
         "update_norm_growth": cfg.update_norm_growth,

@@ -1,0 +1,318 @@
+"""One Byzantine client in ten against every aggregating algorithm at its defaults (issue 45).
+
+Each algorithm runs twice on a ``LocalGrid`` (10 nodes, the default run's settings on a small
+offline data set: every key at its default unless ``--set`` names it): clean, and with one
+adaptive Byzantine node (partition 0 unless ``--byzantine`` says otherwise). The Byzantine
+node trains honestly, then replaces its update (``theta - w`` for returned weights, else the
+vector it sends) by ``-B u / ||u||``: against its own honest direction, at ``B`` = 0.99 x the
+largest update norm the server is known to accept this round (the update-norm bound's state,
+read from the strategy: the adversary knows the defaults and the reference, which it can
+track from the models it is sent), or 1e6 x its honest norm where nothing drops. With
+``--claim K`` it also claims K x its number of examples from its first reply on. It attacks in
+every phase (pre-training too) and every round it is sampled in.
+
+The table: personalized (pooled) accuracy clean and attacked, the difference, the replies the
+server dropped (by reason) and the replies it clipped, and whether the run ended in an error.
+
+    python benchmarks/default_defence.py --out benchmarks/results/default-defence.json
+    python benchmarks/default_defence.py --algorithms fedavg ffgg --set robust-aggregator=none
+
+``--seeds 0 1 2`` repeats every run per seed (mean of the differences reported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import math
+import platform
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.clientapp import ClientApp
+
+from pflower.client_app import build_client_app
+from pflower.config import Config
+from pflower.experiments.local_grid import LocalGrid
+from pflower.server_app import run as run_on
+from pflower.strategies.checks import provisional_scale
+from pflower.strategies.server import PersonalizedStrategy
+from pflower.wire import ARRAYS, array_view
+
+#: every aggregating algorithm the issue names (async-ffgg and local have no mean to attack)
+ALGORITHMS = (
+    "fedavg",
+    "fedavg-ft",
+    "fedalt",
+    "fedsim",
+    "ffgg",
+    "local-ffgg",
+    "pflego",
+    "apfl",
+    "scaffold",
+    "l2gd",
+)
+#: what an algorithm needs besides the defaults (L2GD: every client takes every step)
+NEEDS = {"l2gd": {"fraction-train": 1.0}}
+REPLY_KEYS = ("arrays", "delta", "gradient")
+
+
+def app_config() -> dict:
+    """The app's default run config (pyproject.toml's ``[tool.flwr.app.config]``: what
+    ``flwr run .`` runs, pre-training included)."""
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    return dict(tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"])
+
+
+#: every key at the app's default (the main job's pipeline: 10 FedAvg pre-training rounds
+#: + 10 rounds of the algorithm on mnist-5k, 10 nodes, 2 classes each, 5 per round)
+BASE: dict = app_config()
+NUM_NODES = 10
+
+#: the strategy of the run in progress (the adversary reads the bound's state from it)
+_RUN: dict = {}
+
+
+def _watch() -> None:
+    """Keep the running strategy where the adversary can read it (configure_train runs before
+    the round's messages are answered)."""
+    original = PersonalizedStrategy.configure_train
+    if getattr(original, "_watched", False):
+        return
+
+    def configure_train(self, server_round, arrays, config, grid):
+        _RUN["strategy"] = self
+        _RUN["round"] = server_round
+        return original(self, server_round, arrays, config, grid)
+
+    configure_train._watched = True
+    PersonalizedStrategy.configure_train = configure_train
+
+
+def accepted_norm(strategy: PersonalizedStrategy, weights: bool) -> float:
+    """The largest update norm this round's bound can accept, as far as it is known before
+    the round's replies (the reference only grows): ``K x R``, or before seeding
+    ``min(S_t, S_1)``; inf without a bound."""
+    bound = strategy.norm_bound
+    if not bound.factor:
+        return math.inf
+    rnd = _RUN["round"]
+    current = {k: array_view(a) for k, a in strategy._current.items()}
+    scale = provisional_scale(current, strategy.step_factor(rnd))
+    scale = min(scale, bound.first_scale.get(weights, scale))
+    reference = bound.reference.get(weights)
+    return scale if reference is None else bound.factor * reference
+
+
+def byzantine_app(overrides: dict, who: set[int], claim: float) -> ClientApp:
+    honest = build_client_app(overrides)
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        reply = honest(msg, context)
+        if int(context.node_config["partition-id"]) not in who or reply.has_error():
+            return reply
+        key = next(k for k in REPLY_KEYS if k in reply.content)
+        weights = key == ARRAYS
+        sent = {k: a.numpy() for k, a in msg.content["arrays"].items()}
+        own = {
+            k: (sent[k] - a.numpy()) if weights else a.numpy()
+            for k, a in reply.content[key].items()
+        }
+        size = math.sqrt(sum(float(np.square(v.astype(np.float64)).sum()) for v in own.values()))
+        strategy = _RUN.get("strategy")
+        target = accepted_norm(strategy, weights) if strategy is not None else math.inf
+        target = 0.99 * target if math.isfinite(target) else 1e6 * size
+        factor = -target / max(size, 1e-12)
+        bad = {k: factor * v.astype(np.float64) for k, v in own.items()}
+        reply.content[key] = ArrayRecord(
+            {
+                k: Array(np.asarray((sent[k] - v) if weights else v, dtype=own[k].dtype))
+                for k, v in bad.items()
+            }
+        )
+        if claim != 1.0:
+            metrics = reply.content["metrics"]
+            metrics["num-examples"] = float(round(claim * float(metrics["num-examples"])))
+        return reply
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        return honest(msg, context)
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        return honest(msg, context)
+
+    return app
+
+
+def one_run(overrides: dict, who: set[int], claim: float) -> dict:
+    cfg = Config.from_run_config(overrides)
+    app = byzantine_app(overrides, who, claim) if who else build_client_app(overrides)
+    _RUN.clear()
+    started = time.process_time()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            rep = run_on(LocalGrid(app, NUM_NODES, seed=cfg.seed), cfg, out=_scratch())
+    except Exception as err:  # the run stopped: that is the result
+        return {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+    dropped: dict[str, int] = {}
+    clipped = 0
+    for entry in rep.rounds:
+        for reason, n in entry.dropped.items():
+            key = reason.split(" ")[0] + " " + reason.split(" ")[1] if " " in reason else reason
+            dropped[key] = dropped.get(key, 0) + n
+        clipped += int(entry.train.get("clipped", 0))
+    final = rep.final
+    honest = [r for r in rep.clients if int(r.get("partition-id", -1)) not in who]
+    examples = sum(r["num-examples"] for r in honest)
+    return {
+        "personal-accuracy": final.get("personal-accuracy"),
+        # the honest clients' pooled accuracy: what the defence must protect (a Byzantine
+        # node's own test set is left out)
+        "honest-accuracy": (
+            sum(r["personal-accuracy"] * r["num-examples"] for r in honest) / examples
+            if examples and all("personal-accuracy" in r for r in honest)
+            else None
+        ),
+        "global-accuracy": final.get("global-accuracy"),
+        "dropped": dropped,
+        "clipped": clipped,
+        "cpu-s": round(time.process_time() - started, 1),
+    }
+
+
+def _scratch() -> Path:
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="pflower-defence-"))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--byzantine", nargs="+", type=int, default=[0])
+    parser.add_argument("--claim", type=float, default=1.0)
+    parser.add_argument("--set", nargs="*", default=[], help="KEY=VALUE run-config overrides")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # one process per core: a shared box is not oversubscribed
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    _watch()
+    extra = {}
+    for item in args.set:
+        key, value = item.split("=", 1)
+        extra[key] = json.loads(value) if value[:1] in "0123456789-[{tf" else value
+    rows = []
+    for algorithm in args.algorithms:
+        for seed in args.seeds:
+            overrides = {
+                **BASE,
+                **NEEDS.get(algorithm, {}),
+                **extra,
+                "algorithm": algorithm,
+                "seed": seed,
+            }
+            clean = one_run(overrides, set(), 1.0)
+            attacked = one_run(overrides, set(args.byzantine), args.claim)
+            row = {"algorithm": algorithm, "seed": seed, "clean": clean, "attacked": attacked}
+            rows.append(row)
+            a, b = clean.get("personal-accuracy"), attacked.get("personal-accuracy")
+            ha, hb = clean.get("honest-accuracy"), attacked.get("honest-accuracy")
+            print(
+                f"{algorithm:11s} seed {seed}: clean {_pct(a)} attacked {_pct(b)} "
+                f"loss {_diff(a, b)} | honest clients: clean {_pct(ha)} attacked {_pct(hb)} "
+                f"loss {_diff(ha, hb)} | dropped {attacked.get('dropped', {})} clipped "
+                f"{attacked.get('clipped', 0)} (clean {clean.get('clipped', 0)}) "
+                f"{attacked.get('error', '')}",
+                flush=True,
+            )
+    print(table(rows))
+    if args.out:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(
+            json.dumps(
+                {
+                    "commit": commit,
+                    "argv": sys.argv[1:],
+                    "machine": platform.platform(),
+                    "rows": rows,
+                },
+                indent=1,
+            )
+        )
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: per algorithm, the mean +- std over seeds of the clean and attacked
+    accuracies (all clients, and the honest ones) and of the loss."""
+    lines = [
+        "| algorithm | seeds | clean | attacked | loss | honest clean | honest attacked | "
+        "honest loss | clipped (attacked / clean) | dropped | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
+        mine = [r for r in rows if r["algorithm"] == algorithm]
+
+        def stat(values) -> str:
+            values = [100 * v for v in values if v is not None]
+            if not values:
+                return "-"
+            return f"{np.mean(values):.2f} ± {np.std(values):.2f}"
+
+        def pair(key, side):
+            return [r[side].get(key) for r in mine]
+
+        def loss(key):
+            return [
+                a - b
+                for a, b in zip(pair(key, "clean"), pair(key, "attacked"))
+                if a is not None and b is not None
+            ]
+
+        dropped: dict[str, int] = {}
+        for r in mine:
+            for reason, n in r["attacked"].get("dropped", {}).items():
+                dropped[reason] = dropped.get(reason, 0) + n
+        errors = sum("error" in r["attacked"] or "error" in r["clean"] for r in mine)
+        clipped = (
+            f"{sum(r['attacked'].get('clipped', 0) for r in mine)} / "
+            f"{sum(r['clean'].get('clipped', 0) for r in mine)}"
+        )
+        lines.append(
+            f"| {algorithm} | {len(mine)} | {stat(pair('personal-accuracy', 'clean'))} | "
+            f"{stat(pair('personal-accuracy', 'attacked'))} | {stat(loss('personal-accuracy'))} | "
+            f"{stat(pair('honest-accuracy', 'clean'))} | {stat(pair('honest-accuracy', 'attacked'))} "
+            f"| {stat(loss('honest-accuracy'))} | {clipped} | {dropped or '-'} | {errors} |"
+        )
+    return "\n".join(lines)
+
+
+def _diff(a, b) -> str:
+    return f"{100 * (a - b):+6.2f}" if a is not None and b is not None else "   -  "
+
+
+def _pct(x) -> str:
+    return "   -  " if x is None else f"{100 * x:6.2f}"
+
+
+if __name__ == "__main__":
+    main()
