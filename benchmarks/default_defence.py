@@ -278,7 +278,7 @@ def table(rows: list[dict]) -> str:
                 return "-"
             return f"{np.mean(values):.2f} ± {np.std(values):.2f}"
 
-        def pair(key, side):
+        def pair(key, side, mine=mine):
             return [r[side].get(key) for r in mine]
 
         def loss(key):
@@ -297,11 +297,14 @@ def table(rows: list[dict]) -> str:
             f"{sum(r['attacked'].get('clipped', 0) for r in mine)} / "
             f"{sum(r['clean'].get('clipped', 0) for r in mine)}"
         )
+        cells = [
+            stat(pair(key, side)) if side else stat(loss(key))
+            for key in ("personal-accuracy", "honest-accuracy")
+            for side in ("clean", "attacked", None)
+        ]
         lines.append(
-            f"| {algorithm} | {len(mine)} | {stat(pair('personal-accuracy', 'clean'))} | "
-            f"{stat(pair('personal-accuracy', 'attacked'))} | {stat(loss('personal-accuracy'))} | "
-            f"{stat(pair('honest-accuracy', 'clean'))} | {stat(pair('honest-accuracy', 'attacked'))} "
-            f"| {stat(loss('honest-accuracy'))} | {clipped} | {dropped or '-'} | {errors} |"
+            f"| {algorithm} | {len(mine)} | {' | '.join(cells)} | {clipped} | "
+            f"{dropped or '-'} | {errors} |"
         )
     return "\n".join(lines)
 

@@ -74,7 +74,7 @@ def test_honest_rounds_are_aggregated_exactly_as_the_algorithm_would():
 @pytest.mark.parametrize("weights_form", [False, True])
 def test_the_clipping_is_the_stated_rule(weights_form):
     rng = np.random.default_rng(1)
-    for trial in range(60):
+    for _ in range(60):
         n = int(rng.integers(3, 12))
         f = int(rng.integers(1, (n - 1) // 2 + 1))
         honest = rng.normal(rng.normal(0, 1, 10), rng.uniform(0.05, 2.0), (n - f, 10))
@@ -122,7 +122,7 @@ def test_a_claim_buys_no_more_weight_than_the_lower_median_claim():
     tau x w_m / w_i: in the weighted mean its distance from the centre counts at most as
     much as w_m x tau, whatever it claims."""
     rng = np.random.default_rng(3)
-    for trial in range(100):
+    for _ in range(100):
         n = int(rng.integers(3, 12))
         X = rng.normal(0, 1, (n, 6))
         X[0] = rng.normal(0, 1, 6) * 10.0 ** rng.uniform(0, 6)
@@ -202,7 +202,9 @@ def nan_app(overrides, who):
     ("nodes", "fraction", "rule", "f", "bad"),
     [(3, 1.0, "median", 1, {0}), (10, 0.5, "median", 2, {0, 1}), (5, 1.0, "krum", 1, {2})],
 )
-def test_the_byzantines_a_rule_tolerates_cannot_stop_the_run(nodes, fraction, rule, f, bad, tmp_path):
+def test_the_byzantines_a_rule_tolerates_cannot_stop_the_run(
+    nodes, fraction, rule, f, bad, tmp_path
+):
     overrides = {
         **FAST,
         "algorithm": "fedavg",

@@ -235,9 +235,7 @@ class AdaptiveClipping:
         d = _distances(vectors, center, v)
         tau = self.factor * lower_median_of(d)
         self.rho[kind] = _norm(v) + tau
-        return self._apply(
-            vectors, center, v, np.minimum(1.0, tau * share / np.maximum(d, 1e-300))
-        )
+        return self._apply(vectors, center, v, np.minimum(1.0, tau * share / np.maximum(d, 1e-300)))
 
     @staticmethod
     def _apply(vectors, center, v, scale) -> tuple[list[Mapping[str, np.ndarray]], int]:

@@ -31,8 +31,9 @@ the replies kept. ``byzantine`` = f bounds the faulty nodes of a round, so each 
 that left no kept reply (dropped, an error, silent) is one of them and the kept replies hold
 at most ``f_kept = f - (asked - kept)``: the rule runs with ``f_kept``; where it cannot and
 ``f_kept`` = 0 the kept replies are all honest and their mean is taken; otherwise the round
-is skipped and counted (``skipped``), never combined with an f below ``f_kept``. A round that aggregates nothing keeps the model, and
-``Result.arrays`` is always the last good model (the initial one if no round aggregated).
+is skipped and counted (``skipped``), never combined with an f below ``f_kept``. A round
+that aggregates nothing keeps the model, and ``Result.arrays`` is always the last good
+model (the initial one if no round aggregated).
 
 Every array keeps its shape and dtype (a 0-dim scalar parameter comes back 0-dim). Like
 Flower's own strategies, ``aggregate_train`` also aggregates replies it did not ask for (no
