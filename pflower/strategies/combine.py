@@ -142,36 +142,46 @@ def robust_combine(
 
 #: rounds with fewer replies have no majority to measure the spread by (``AdaptiveClipping``)
 MIN_SPREAD_REPLIES = 3
+#: columns per chunk of the Gram matrix (N x CHUNK float64: a few hundred kB, in cache)
+GRAM_CHUNK = 8192
 
 
 class AdaptiveClipping:
     """The default defence of every aggregating strategy (``robust-aggregator = "auto"``):
     each update is clipped into a ball around a robust centre whose radius follows the
-    honest replies' spread; the algorithm's own (weighted) mean then combines the clipped
+    honest replies' spread, and the algorithm's own (weighted) mean then combines the clipped
     updates. Centered clipping (Karimireddy, He & Jaggi, ICML 2021) with an adaptive radius
-    instead of a fixed one, and applied *before* the algorithm's aggregation instead of
-    replacing it, so that every algorithm keeps its own weights and formula.
+    instead of a fixed one, applied *before* the algorithm's mean instead of replacing it, so
+    that every algorithm keeps its own weights and formula.
 
     In a round of N >= ``MIN_SPREAD_REPLIES`` replies x_1..x_N (updates: gradients, deltas,
-    or ``current - returned weights``), with ``d_i(v) = ||x_i - v||`` and
-    ``tau(v) = factor x`` the lower median of the d_i(v) (the ceil(N/2)-th smallest: at most
-    an honest reply's distance while at most floor(N/2) replies are Byzantine):
+    or ``current - returned weights``) weighing w_1..w_N in the algorithm's mean, with
+    ``d_i(v) = ||x_i - v||``, ``tau(v) = factor x`` the lower median of the d_i(v) (the
+    ceil(N/2)-th smallest: at most an honest reply's distance while at most floor(N/2)
+    replies are Byzantine) and ``s_i = min(1, w_m / w_i)``, w_m the lower median weight:
 
-    1. v = the replies' plain mean. If no reply is farther than tau(v) from it, v is a fixed
-       point of centered clipping and nothing is clipped: the algorithm aggregates exactly
-       the replies it got (bit for bit what it computes without this rule).
-    2. Otherwise v = the coordinate-wise median, then ``iterations`` times
-       ``v <- v + mean_i c_i (x_i - v)``, ``c_i = min(1, tau(v) / d_i(v))``; each reply
-       farther than tau(v) from the final v is replaced by ``v + c_i (x_i - v)``.
+    1. v = the replies' plain mean. If no reply is farther than ``tau(v) s_i`` from it,
+       nothing is clipped: the algorithm aggregates the replies it got, bit for bit.
+    2. Otherwise v = their geometric median (Weiszfeld's iterations: robust while fewer
+       than half are Byzantine), then ``iterations`` centered-clipping steps
+       ``v <- v + mean_i c_i (x_i - v)``, ``c_i = min(1, tau(v) / d_i(v))``; and each reply is
+       replaced by ``v + c_i (x_i - v)``, ``c_i = min(1, tau(v) s_i / d_i(v))``.
 
-    **Guarantee.** Every applied update lies within ``tau`` of a centre that a minority
-    cannot drag (a lower median and a coordinate-wise median), so a Byzantine reply moves a
-    weighted mean by at most its weight share times ``tau + ||v - honest mean||``, whatever
-    it sends: its magnitude beyond the ball buys nothing. In rounds of 1 or 2 replies there
-    is no majority to measure the spread by: every update is clipped to norm ``rho``,
-    ``growth`` x the largest norm a round of at least ``MIN_SPREAD_REPLIES`` replies applied
-    (``||v|| + tau``); until such a round, nothing is clipped there (the update-norm bound
-    still drops what is beyond it).
+    Every v is a combination of the replies, so all of it runs on their N x N Gram matrix
+    (one pass over the replies, in float64) and the clipped mean is the mean of the replies
+    under other weights: ``sum_i w_i x~_i = sum_i beta_i x_i`` (``coefficients``), read
+    straight from the replies as the algorithm's own mean is. The server pays one pass more
+    per round than the mean, never a copy of the replies.
+
+    **Guarantee.** Every applied update lies within tau of a centre a minority cannot drag,
+    tau is at most ``factor`` x an honest reply's distance to it, and a reply's weighted
+    distance from it at most ``w_m tau``: f Byzantine replies move the weighted mean by at
+    most ``f w_m tau / sum_i w_i`` from where it would be with them at the centre
+    (``f tau / N`` with equal weights), whatever they send and claim. In rounds of 1 or 2
+    replies there is no majority to measure the spread by: each update is clipped to norm
+    ``growth x rho``, rho the largest norm the last round of at least ``MIN_SPREAD_REPLIES``
+    replies applied (``||v|| + tau``); before such a round nothing is clipped there (the
+    update-norm bound still drops what is beyond it).
 
     State: ``rho`` per kind of update (``kind``: the pre-training updates, the algorithm's,
     each further record), checkpointed with the strategy.
@@ -189,122 +199,130 @@ class AdaptiveClipping:
         self.factor, self.iterations, self.growth = factor, iterations, growth
         self.rho: dict[str, float] = {}  # per kind: the last multi-reply round's ||v|| + tau
 
-    def clip(
+    def coefficients(
         self,
         kind: str,
         vectors: Sequence[Mapping[str, np.ndarray]],
+        weights: Sequence[float],
         center: Mapping[str, np.ndarray] | None = None,
-        weights: Sequence[float] | None = None,
-    ) -> tuple[list[Mapping[str, np.ndarray]], int]:
-        """The replies with their updates clipped (returned weights stay returned weights:
-        with ``center`` the update is ``center - vectors[i]``), and how many were clipped.
-        An unclipped reply is returned as the same object. ``weights``: what the algorithm
-        weighs each reply by (None: equal); a reply weighing more than the round's lower
-        median weight w_m has its radius scaled by w_m / w_i, so that no reply's weighted
-        distance from the centre exceeds w_m x tau, whatever it claims."""
-        vectors = list(vectors)
-        if not vectors:
-            return vectors, 0
-        share = np.ones(len(vectors))
-        if weights is not None:  # radius x w_m / w_i above the lower median weight
-            w = np.asarray(list(weights), dtype=np.float64)
-            share = np.minimum(1.0, lower_median_of(w) / np.maximum(w, 1e-300))
-        if center is not None:
-            center = {k: np.asarray(c, dtype=np.float64) for k, c in center.items()}
-        if len(vectors) < MIN_SPREAD_REPLIES:
+    ) -> tuple[np.ndarray | None, int]:
+        """``beta`` with ``sum_i beta_i x_i = sum_i w^_i x~_i`` (``w^`` the weights
+        normalized, ``x~`` the clipped updates; x_i = ``vectors[i]``, or ``center -
+        vectors[i]`` for returned weights) and how many replies were clipped; ``None`` where
+        none was (the algorithm's own mean applies as it is)."""
+        n = len(vectors)
+        w = np.asarray(list(weights), dtype=np.float64)
+        w_hat = w / w.sum()
+        share = np.minimum(1.0, lower_median_of(w) / np.maximum(w, 1e-300))
+        space = _Span(_gram(vectors, center))
+        if n < MIN_SPREAD_REPLIES:  # no majority: clipped to growth x rho, around 0
             rho = self.rho.get(kind)
             if rho is None:
-                return vectors, 0
-            zero = {k: np.zeros(np.shape(a), np.float64) for k, a in vectors[0].items()}
-            d = np.maximum(_distances(vectors, center, zero), 1e-300)
-            return self._apply(vectors, center, zero, np.minimum(1.0, self.growth * rho / d))
-        v = _mean(vectors, center)
-        d = _distances(vectors, center, v)
+                return None, 0
+            c = np.minimum(1.0, self.growth * rho / np.maximum(space.norms(), 1e-300))
+            return (w_hat * c, int((c < 1).sum())) if (c < 1).any() else (None, 0)
+        gamma = np.full(n, 1.0 / n)
+        d = space.distances(gamma)
         tau = self.factor * lower_median_of(d)
         if (d <= tau * share).all():
-            self.rho[kind] = _norm(v) + tau
-            return vectors, 0
-        median = robust_combine(aggregators.CoordinateMedian(), vectors, 0, None)
-        v = {k: m.astype(np.float64) for k, m in median.items()}
-        if center is not None:  # the median of c - a_i is c - the median of the a_i
-            v = {k: center[k] - m for k, m in v.items()}
+            self.rho[kind] = space.norm(gamma) + tau
+            return None, 0
+        gamma = space.geometric_median(gamma)
         for _ in range(self.iterations):
-            d = _distances(vectors, center, v)
-            scale = np.minimum(1.0, self.factor * lower_median_of(d) / np.maximum(d, 1e-300))
-            v = _step(vectors, center, v, scale)
-        d = _distances(vectors, center, v)
+            d = space.distances(gamma)
+            c = np.minimum(1.0, self.factor * lower_median_of(d) / np.maximum(d, 1e-300))
+            gamma = gamma * (1.0 - c.sum() / n) + c / n
+        d = space.distances(gamma)
         tau = self.factor * lower_median_of(d)
-        self.rho[kind] = _norm(v) + tau
-        return self._apply(vectors, center, v, np.minimum(1.0, tau * share / np.maximum(d, 1e-300)))
+        self.rho[kind] = space.norm(gamma) + tau
+        c = np.minimum(1.0, tau * share / np.maximum(d, 1e-300))
+        # sum_i w^_i (v + c_i (x_i - v)) with v = sum_j gamma_j x_j
+        return w_hat * c + float((w_hat * (1.0 - c)).sum()) * gamma, int((c < 1).sum())
 
-    @staticmethod
-    def _apply(vectors, center, v, scale) -> tuple[list[Mapping[str, np.ndarray]], int]:
-        """Reply i with its update x_i replaced by ``v + scale_i (x_i - v)`` where
-        ``scale_i < 1``."""
-        out, clipped = [], 0
-        for a, c in zip(vectors, scale):
-            if c >= 1.0:
-                out.append(a)
-                continue
-            clipped += 1
-            new = {}
-            for k, ak in a.items():
-                x = (center[k] - ak) if center is not None else ak.astype(np.float64)
-                y = v[k] + c * (x - v[k])
-                new[k] = np.asarray(center[k] - y if center is not None else y, dtype=ak.dtype)
-            out.append(new)
-        return out, clipped
+
+class _Span:
+    """Points ``v = sum_j gamma_j x_j`` (``sum_j gamma_j = 1``) of the replies' affine span,
+    measured through their Gram matrix: ``G`` holds ``y_i = x_i - x_0`` in its first N rows
+    and columns and ``x_0`` in its last, so that ``||x_i - v||^2 = ||y_i - Y gamma||^2``."""
+
+    def __init__(self, gram: np.ndarray) -> None:
+        self.Y, self.x0y, self.x0x0 = gram[:-1, :-1], gram[-1, :-1], gram[-1, -1]
+
+    def distances(self, gamma: np.ndarray) -> np.ndarray:
+        Yg = self.Y @ gamma
+        return np.sqrt(np.maximum(np.diag(self.Y) - 2.0 * Yg + gamma @ Yg, 0.0))
+
+    def norm(self, gamma: np.ndarray) -> float:
+        """||v|| = ||x_0 + sum_j gamma_j y_j||."""
+        return float(np.sqrt(max(self.x0x0 + 2.0 * gamma @ self.x0y + gamma @ self.Y @ gamma, 0.0)))
+
+    def norms(self) -> np.ndarray:
+        """||x_i|| for every reply."""
+        return np.sqrt(np.maximum(self.x0x0 + 2.0 * self.x0y + np.diag(self.Y), 0.0))
+
+    def geometric_median(self, gamma: np.ndarray, rounds: int = 200) -> np.ndarray:
+        """Weiszfeld's iterations ``v <- sum_i x_i / d_i / sum_i 1 / d_i`` from ``gamma``,
+        until the weights settle (1e-12) or ``rounds``; a distance floor of 1e-12 x the
+        replies' largest spread keeps a reply that coincides with v from dividing by 0."""
+        floor = 1e-12 * max(float(np.sqrt(np.diag(self.Y).max(initial=0.0))), 1e-300)
+        for _ in range(rounds):
+            inverse = 1.0 / np.maximum(self.distances(gamma), floor)
+            new = inverse / inverse.sum()
+            settled = np.abs(new - gamma).max() < 1e-12
+            gamma = new
+            if settled:
+                break
+        return gamma
+
+
+def _gram(vectors, center) -> np.ndarray:
+    """The (N+1) x (N+1) Gram matrix of ``y_i = x_i - x_0`` (i < N) and ``x_0``, in float64
+    over column chunks (``GRAM_CHUNK``): the differences first, so that a large common
+    part (returned weights, or a shared drift) does not cancel precision away. For returned
+    weights x_i = c - a_i, so y_i = a_0 - a_i without forming an update."""
+    n = len(vectors)
+    gram = np.zeros((n + 1, n + 1))
+    for k in vectors[0]:
+        flats = [np.asarray(v[k]).reshape(-1) for v in vectors]
+        c = None if center is None else np.asarray(center[k]).reshape(-1)
+        size = flats[0].size
+        buf = np.empty((n + 1, min(GRAM_CHUNK, size)))
+        for lo in range(0, size, GRAM_CHUNK):
+            hi = min(lo + GRAM_CHUNK, size)
+            b, a0 = buf[:, : hi - lo], flats[0][lo:hi]
+            for row, f in zip(b, flats):
+                if center is None:
+                    np.subtract(f[lo:hi], a0, out=row)
+                else:
+                    np.subtract(a0, f[lo:hi], out=row)
+            if center is None:
+                np.copyto(b[n], a0)
+            else:
+                np.subtract(c[lo:hi], a0, out=b[n])
+            gram += b @ b.T
+    return gram
+
+
+def linear_update(
+    vectors: Sequence[Mapping[str, np.ndarray]],
+    beta: Sequence[float],
+    center: Mapping[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """``sum_i beta_i x_i`` (x_i = ``vectors[i]``, or ``center - vectors[i]``), coefficients as
+    given (not normalized), in float64, streamed as ``weighted_mean``."""
+    beta = np.asarray(list(beta), dtype=np.float64)
+    out = {}
+    for k, first in vectors[0].items():
+        acc, term = np.zeros(np.shape(first)), np.empty(np.shape(first))
+        for b, a in zip(beta, vectors):
+            _accumulate(acc, term, a[k], float(b))
+        if center is not None:  # sum_i b_i (c - a_i) = (sum_i b_i) c - sum_i b_i a_i
+            acc = np.subtract(float(beta.sum()) * center[k].astype(np.float64), acc, out=acc)
+        out[k] = acc
+    return out
 
 
 def lower_median_of(values: np.ndarray) -> float:
     """The ceil(N/2)-th smallest value (``checks.lower_median``, for an array)."""
     ordered = np.sort(np.asarray(values, dtype=np.float64))
     return float(ordered[(len(ordered) + 1) // 2 - 1])
-
-
-def _update(a: np.ndarray, center: Mapping | None, k: str, out: np.ndarray) -> np.ndarray:
-    """The update of one reply's layer ``k`` in float64 into ``out``: ``a``, or
-    ``center[k] - a``."""
-    if center is None:
-        np.copyto(out, a, casting="unsafe")
-    else:
-        np.subtract(center[k], a, out=out, dtype=np.float64)
-    return out
-
-
-def _mean(vectors, center) -> dict[str, np.ndarray]:
-    """The plain mean of the updates, in float64."""
-    out = {}
-    for k, first in vectors[0].items():
-        acc, buf = np.zeros(np.shape(first)), np.empty(np.shape(first))
-        for a in vectors:
-            acc += _update(a[k], center, k, buf)
-        out[k] = acc / len(vectors)
-    return out
-
-
-def _distances(vectors, center, v: Mapping[str, np.ndarray]) -> np.ndarray:
-    """``||x_i - v||`` for every reply, accumulated layer by layer in float64."""
-    sq = np.zeros(len(vectors))
-    for k, vk in v.items():
-        buf = np.empty(vk.shape)
-        for i, a in enumerate(vectors):
-            diff = np.subtract(_update(a[k], center, k, buf), vk, out=buf).reshape(-1)
-            sq[i] += float(np.dot(diff, diff))
-    return np.sqrt(sq)
-
-
-def _step(vectors, center, v, scale: np.ndarray) -> dict[str, np.ndarray]:
-    """One centered-clipping step ``v + mean_i scale_i (x_i - v)``."""
-    n = len(vectors)
-    out = {}
-    for k, vk in v.items():
-        acc, buf = vk * (1.0 - float(scale.sum()) / n), np.empty(vk.shape)
-        for a, c in zip(vectors, scale):
-            acc += (c / n) * _update(a[k], center, k, buf)
-        out[k] = acc
-    return out
-
-
-def _norm(v: Mapping[str, np.ndarray]) -> float:
-    return float(np.sqrt(sum(float(np.dot(x.reshape(-1), x.reshape(-1))) for x in v.values())))

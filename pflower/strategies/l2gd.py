@@ -109,7 +109,6 @@ class L2GD(PersonalizedStrategy):
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
     algorithm = "l2gd"
-    weighted = False  # the mean of the x_m, unweighted
     defaults = L2GD_DEFAULTS
 
     #: what a checkpoint keeps besides the base strategy's (``pflower.checkpoint``): the
@@ -185,7 +184,8 @@ class L2GD(PersonalizedStrategy):
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
         ones = [1.0] * len(updates)
-        if self.central_dp:  # the mean of w_i as current minus the private mean of updates
+        # the mean of w_i as current minus the (private, or clipped) mean of the updates
+        if self.central_dp or self.clipping is not None:
             step = self.combine([u.tensors for u in updates], ones, current)
             return {k: current[k].astype(np.float64) - step[k] for k in current}
         return weighted_mean([u.tensors for u in updates], ones)

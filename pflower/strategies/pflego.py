@@ -51,7 +51,6 @@ from torch import nn
 
 from pflower.settings import Settings
 from pflower.strategies.client import ClientHalf, ClientJob
-from pflower.strategies.combine import weighted_mean
 from pflower.strategies.registry import Algorithm
 from pflower.strategies.server import PersonalizedStrategy
 from pflower.task import train as training
@@ -233,7 +232,12 @@ class PFLEGO(PersonalizedStrategy):
                 current, self.combine([u.tensors for u in updates], sizes)
             )
         if self.alpha == "sampled":
-            gradient = weighted_mean([u.tensors for u in updates], sizes)
+            gradient = self.combine([u.tensors for u in updates], sizes)
+        elif self.clipping is not None:  # the alpha-sum over the clipped g_i: its total weight
+            total = self.num_train_total or float(sum(sizes))  # times their weighted mean
+            mass = self.num_nodes / len(updates) * sum(sizes) / total
+            mean = self.combine([u.tensors for u in updates], sizes)
+            gradient = {k: mass * g for k, g in mean.items()}
         else:
             total = self.num_train_total or float(sum(sizes))
             scale = self.num_nodes / len(updates)  # I / r_t, realised

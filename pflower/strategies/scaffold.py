@@ -71,7 +71,6 @@ class Scaffold(PersonalizedStrategy):
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
     algorithm = "scaffold"
-    weighted = False  # the mean of the deltas, unweighted
 
     #: what a checkpoint keeps besides the base strategy's (``pflower.checkpoint``): c
     checkpoint_attributes = ("control",)
@@ -110,7 +109,9 @@ class Scaffold(PersonalizedStrategy):
             mean_delta = self.combine([u.tensors for u in updates], ones)
             # the robust rule (when set) combines the control deltas too: c is applied to
             # every client's every step, a Byzantine Delta c as much as a Byzantine delta
-            mean_dc = self.combine([u.extra[CONTROL_DELTA] for u in updates], ones)
+            mean_dc = self.combine(
+                [u.extra[CONTROL_DELTA] for u in updates], ones, kind=CONTROL_DELTA
+            )
         share = len(updates) / max(self.num_nodes, len(updates))
         # np.asarray: a 0-dim c plus a scalar is a NumPy scalar, which Array refuses
         self.control = {

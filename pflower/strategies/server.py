@@ -59,6 +59,7 @@ from pflower.strategies.checks import ReplyChecks
 from pflower.strategies.combine import (
     AdaptiveClipping,
     adaptive_clipping,
+    linear_update,
     robust_aggregator,
     robust_combine,
     weighted_mean,
@@ -269,10 +270,6 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
     #: app sends the run config's ``algorithm``)
     algorithm = "fedavg|fedavg-ft"
 
-    #: whether the algorithm's mean weighs the replies by their ``num-examples`` (FedAvg's
-    #: data-size weights; an algorithm with a choice sets it from its key)
-    weighted = True
-
     #: this algorithm's values for the run-config keys left at ``auto`` (``settings.AUTO``),
     #: the same mapping its registration declares (``registry.Algorithm.defaults``): a
     #: strategy built by hand uses them as the app does (``app_settings``)
@@ -400,6 +397,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         self.run_tag = ""
         self._round_start = 0.0
         self._train_round = 0  # the round whose noise ``combine`` draws (dp-noise-seed)
+        self._clipped: dict[str, int] = {}  # this round's clipped replies by kind of update
         self._robust_checked = False  # check_robust at the run's first training round
 
     @property
@@ -657,6 +655,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         vectors: list[Mapping[str, np.ndarray]],
         weights: Sequence[float],
         center: Mapping[str, np.ndarray] | None = None,
+        kind: str | None = None,
     ) -> dict[str, np.ndarray]:
         """The clients' update vectors (``vectors``, or ``center - vectors[i]`` for returned
         weights) combined: their weighted mean in float64 or, with ``robust``, the robust
@@ -668,6 +667,12 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             rng = noise_rng(self.privacy.dp.seed, self._train_round)
             return self.privacy.mean(vectors, len(self._asked), rng, center)
         if self.robust is None:
+            if self.clipping is not None:  # the default defence: the mean of clipped updates
+                kind = kind or (PRETRAIN if self.pretraining(self._train_round) else self.reply_key)
+                beta, clipped = self.clipping.coefficients(kind, vectors, weights, center)
+                self._clipped[kind] = clipped
+                if beta is not None:
+                    return linear_update(vectors, beta, center)
             return self.combine_mean(vectors, weights, center)
         # f counts the round's faulty nodes: every sampled node without a kept reply (dropped
         # for its reply, an error, or silent) is one of them, so the kept replies hold at
@@ -738,50 +743,10 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         data-size weighted mean of the returned weights or, with ``robust``, ``current`` minus
         the robust rule over the updates ``current - w_i``: every phase meets the rule."""
         tensors, sizes = [u.tensors for u in updates], [u.num_examples for u in updates]
-        if self.robust is None and not self.central_dp:
+        if self.robust is None and not self.central_dp and self.clipping is None:
             return weighted_mean(tensors, sizes)
         step = self.combine(tensors, sizes, current)
         return {k: current[k].astype(np.float64) - step[k] for k in current}
-
-    def clip_updates(
-        self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
-    ) -> tuple[list[ClientUpdate], int]:
-        """The replies with their updates clipped by the default defence (``clipping``,
-        ``combine.AdaptiveClipping``): the update of the reply key and each further record,
-        each kind against its own spread; and how many replies were clipped. The
-        algorithm's ``aggregate`` then runs on them unchanged."""
-        if self.clipping is None or not updates:
-            return updates, 0
-        pretraining = self.pretraining(server_round)
-        weights = pretraining or self.reply_key == ARRAYS
-        kind = PRETRAIN if pretraining else self.reply_key
-        sizes = self.aggregation_weights(server_round, updates)
-        tensors, _ = self.clipping.clip(
-            kind, [u.tensors for u in updates], current if weights else None, sizes
-        )
-        extras = {
-            key: self.clipping.clip(key, [u.extra[key] for u in updates], None, sizes)[0]
-            for key in (() if pretraining else self.extra_reply_keys)
-        }
-        out, clipped = [], 0
-        for i, u in enumerate(updates):
-            extra = {key: extras[key][i] for key in extras}
-            changed = tensors[i] is not u.tensors or any(
-                extra[key] is not u.extra[key] for key in extra
-            )
-            if not changed:
-                out.append(u)
-                continue
-            clipped += 1
-            norm = u.norm if tensors[i] is u.tensors else None
-            out.append(ClientUpdate(u.node_id, tensors[i], u.metrics, extra, norm))
-        return out, clipped
-
-    def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> list[float]:
-        """What the round's aggregation weighs each reply by: its ``num-examples`` in
-        pre-training and where the algorithm weighs by data size (``weighted``), else 1."""
-        sized = self.pretraining(server_round) or self.weighted
-        return [u.num_examples if sized else 1.0 for u in updates]
 
     def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
         """The round's training metrics: the replies' metrics weighted by num-examples."""
@@ -800,7 +765,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         current = {k: array_view(a) for k, a in self._current.items()}
         updates = self.simulate_omniscient(server_round, current, updates)
         updates = self.bound_updates(server_round, current, updates)
-        updates, clipped = self.clip_updates(server_round, current, updates)
+        self._clipped = {}  # by kind of update: the replies the default defence clipped
         entry = self._log(server_round)
         entry.seconds = time.perf_counter() - self._round_start
         metrics = {
@@ -808,8 +773,6 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             "applied": len(updates),
             "dropped": len(replies) - len(updates),
         }
-        if self.clipping is not None:
-            metrics["clipped"] = clipped
         if not updates and self.central_dp:  # issue 46: still a release, noised and counted
             return self._release_nothing(server_round, current, metrics, entry)
         if not updates:
@@ -838,6 +801,12 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             return self._current, MetricRecord(metrics)
         self.settle_round(server_round, applied=len(updates))
         metrics.update(self.round_metrics(updates))
+        if self.clipping is not None:  # replies clipped, of the reply key and each record
+            main = PRETRAIN if self.pretraining(server_round) else self.reply_key
+            metrics["clipped"] = self._clipped.get(main, 0)
+            metrics.update(
+                {f"clipped-{k}": n for k, n in sorted(self._clipped.items()) if k != main}
+            )
         if self.privacy is not None:
             if self.central_dp:  # a release: the noised mean of the sampled clients
                 self.privacy.released(sorted(self._asked), new)
