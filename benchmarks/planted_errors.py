@@ -419,6 +419,56 @@ PLANTS = [
         [T + "test_attacks.py"],
     ),
     Plant(
+        "async-ffgg: no fair share (every idle node drawn, however many updates it made)",
+        S + "async_ffgg.py",
+        [
+            (
+                "eligible = [n for n in idle if self.fair.eligible(n)]",
+                "eligible = list(idle)",
+            )
+        ],
+        [T + "test_async_fairness.py"],
+    ),
+    Plant(
+        "async-ffgg: the fair share over every trainable node, not the live ones",
+        S + "async_ffgg.py",
+        [
+            (
+                "self.fair.earn(nodes, len(nodes) - len(down))",
+                "self.fair.earn(nodes, len(nodes))",
+            )
+        ],
+        [T + "test_async_fairness.py"],
+    ),
+    Plant(
+        "async-ffgg: no clip (each gradient applied at the norm it was sent)",
+        S + "async_ffgg.py",
+        [
+            (
+                "clip = min(1.0, limit / norm) if norm > 0 else 1.0",
+                "clip = 1.0",
+            )
+        ],
+        [T + "test_async_fairness.py"],
+    ),
+    Plant(
+        "async-ffgg: the clip at the pool's largest norm, not its lower median",
+        S + "async_ffgg.py",
+        [
+            (
+                "return self.factor * lower_median([*others, norm])",
+                "return self.factor * max([*others, norm])",
+            )
+        ],
+        [T + "test_async_fairness.py"],
+    ),
+    Plant(
+        "async-ffgg: failed replies counted one by one, not by distinct node",
+        S + "async_ffgg.py",
+        [("self._failing.add(node)", "self._failing.add((node, len(self._failing)))")],
+        [T + "test_async_fairness.py"],
+    ),
+    Plant(
         "pseudo-gradient with the wrong sign (weights-returning strategies)",
         S + "combine.py",
         [

@@ -99,6 +99,8 @@ SERVER_ONLY_KEYS = frozenset(
         "async-time-budget-s",
         "async-evaluate-every",
         "async-client-timeout-s",
+        "async-max-share",
+        "async-clip-factor",
         "attack-simulation",
         "straggler-delay-s",
         "straggler-fraction",

@@ -25,14 +25,54 @@ time budget, and evaluation (client-side, the usual protocol) every ``evaluate_e
 updates; the server-side ``evaluate_fn`` (synthetic-linear's closed form) runs there too.
 
 The history has one entry per applied update (``round`` = the update's index r + 1, i.e.
-theta's new version) with ``staleness``, ``seconds`` (training wall clock since the start,
-evaluation pauses excluded) and the client's metrics.
+theta's new version) with ``staleness``, ``clipped`` (1 if the clip below shortened it),
+``seconds`` (training wall clock since the start, evaluation pauses excluded) and the
+client's metrics.
+
+**Where pflower departs from Alg. 3, and why.** Alg. 3 applies whatever arrives first, so
+the fastest client writes theta: one that answers at once while the others take time made
+72% of the applied updates of a 10-node run (fair share 10%), and with its gradients turned
+around at the largest norm the update-norm bound accepts it decided the model (issue 45).
+Three rules, each off with its key at 0, stand between a fast client and the model; none
+binds while the clients are honest and equally fast (the same theta, bit for bit:
+``tests/test_async_ffgg.py``):
+
+- *Fair share* (``async-max-share`` k = 2, ``FairShare``). A node has at most one message in
+  flight (an idle node is drawn, never a busy one). Each node holds credits, at most
+  B = ``FAIR_BURST`` = 3 (and as many at the start); every message of a node that is
+  answered, dropped or times out costs it one, every applied update earns every node k / N,
+  N the live nodes (those whose latest message did not time out and was not dropped; at
+  least 1), and a node is drawn only among the idle nodes with a whole credit left.
+  **Bound**: in any L consecutive applied updates a node makes at most B + k L / N of them
+  (N the fewest live nodes in that stretch): its long-run share is at most k / N, twice the
+  fair share, and it makes at most B / (1 - k / N) updates in a row (3 of 10 nodes). The
+  one exception is a
+  dispatch with no credit when no message is in flight and no idle node has credit (the run
+  must go on): counted as ``fair-share-waived``, never seen in a measured run. Honest
+  stragglers keep their place: the slots go to other idle nodes while they compute, and a
+  node faster than its share waits only while it is out of credit.
+- *Clip* (``async-clip-factor`` m = 2, ``RecentNormClip``). Each applied gradient is scaled
+  down (never dropped) to at most m x the lower median of the last applied norm of each of
+  the last ``CLIP_POOL`` = 10 distinct nodes (the reply's own norm as its node's entry);
+  while no other node's norm is known, to ``PROVISIONAL_CLIP`` = 0.05 x min(S_t, S_1), the
+  update-norm bound's scale (honest gradients measured below 0.01 S). A node has one entry
+  however often it replies, so while at most half of the pool is Byzantine the clip is at
+  most m x an honest node's last norm: one client cannot walk it up, and a low liar moves
+  it down by one rank. The update-norm bound (``checks.UpdateNormBound``: min(S_t, S_1) for
+  these 1-reply rounds) still drops what is beyond the model's scale.
+- *Rounds that apply nothing* (``max-failed-rounds``). A failed "round" is C distinct nodes
+  whose messages were dropped or timed out with no update applied in between, so fewer than
+  C Byzantine clients, however fast, cannot end the run: it stops only after
+  ``max-failed-rounds`` such rounds in a row, each with at least C - f honest nodes failing.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections import OrderedDict
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from flwr.app import Array, ArrayRecord, MessageType, MetricRecord
@@ -41,6 +81,7 @@ from flwr.serverapp.strategy import Result
 from pydantic import Field
 
 from pflower.settings import ConfigError, Settings
+from pflower.strategies.checks import lower_median, provisional_scale, update_norm
 from pflower.strategies.ffgg import FFGG, FFGGClient, FFGGSettings
 from pflower.strategies.nodes import in_memory_grid, index_dispatch
 from pflower.strategies.registry import Algorithm
@@ -58,6 +99,15 @@ log = logging.getLogger("flwr.pflower")
 #: fraction-train 0.5); at 1.0 single clients' gradients overshoot (64% vs 89% measured,
 #: benchmarks/default_runs.py)
 ASYNC_FFGG_DEFAULTS = {"server_lr": 0.2, "robust_aggregator": "none"}
+
+#: B: the most credits a node holds (``FairShare``), the updates it may make back to back
+FAIR_BURST = 3.0
+#: the clip's pool: the last applied norm of each of this many most recent distinct nodes
+CLIP_POOL = 10
+#: the clip while no other node's norm is known: this x min(S_t, S_1) (``checks``' scale)
+PROVISIONAL_CLIP = 0.05
+#: credits are compared with this slack (k / N summed N times is not always exactly k)
+_EPS = 1e-9
 
 
 class AsyncFFGGSettings(Settings):
@@ -107,9 +157,33 @@ class AsyncFFGGSettings(Settings):
         gt=0,
         description="a message unanswered this many seconds frees its slot for another client",
     )
+    async_max_share: float = Field(
+        2.0,
+        alias="async-max-share",
+        ge=0,
+        description=(
+            "k: a node makes at most 3 + k L / N of any L consecutive applied updates "
+            "(N live nodes; long-run share k / N); 0: off, the fastest client writes θ"
+        ),
+    )
+    async_clip_factor: float = Field(
+        2.0,
+        alias="async-clip-factor",
+        ge=0,
+        description=(
+            "m: each applied gradient is clipped to m × the lower median of the last norms "
+            "of the last 10 distinct nodes; 0: off (only the update-norm bound)"
+        ),
+    )
 
     @classmethod
     def check(cls, cfg: Config) -> None:
+        for key, value in (
+            ("async-max-share", cfg.async_max_share),
+            ("async-clip-factor", cfg.async_clip_factor),
+        ):
+            if 0 < value < 1:
+                raise ConfigError(f"key '{key}' = {value}: must be 0 (off) or at least 1")
         if cfg.pretrain_rounds:
             raise ConfigError(
                 f"key 'pretrain-rounds' = {cfg.pretrain_rounds}: async-ffgg applies single "
@@ -132,6 +206,76 @@ class AsyncFFGGSettings(Settings):
 SETTINGS = AsyncFFGGSettings()
 
 
+class FairShare:
+    """Credits that bound a node's share of the applied updates (module docstring: in any L
+    consecutive applied updates a node makes at most ``burst + factor * L / N``).
+
+    Parameters
+    ----------
+    factor : float
+        k: every applied update earns every node k / N credits, N the live nodes; 0: off.
+    burst : float (default: ``FAIR_BURST``)
+        B: the most credits a node holds, and what it starts with.
+    """
+
+    def __init__(self, factor: float, burst: float = FAIR_BURST) -> None:
+        self.factor, self.burst = factor, burst
+        self.credit: dict[int, float] = {}
+
+    def credit_of(self, node: int) -> float:
+        return self.credit.get(node, self.burst)
+
+    def eligible(self, node: int) -> bool:
+        return not self.factor or self.credit_of(node) >= 1.0 - _EPS
+
+    def charge(self, node: int) -> None:
+        """A message of ``node`` was answered, dropped or timed out: one credit."""
+        if self.factor:
+            self.credit[node] = self.credit_of(node) - 1.0
+
+    def earn(self, nodes: Iterable[int], live: int) -> None:
+        """An update was applied: every node earns k / ``live``, up to ``burst``."""
+        if self.factor:
+            gain = self.factor / max(1, live)
+            for node in nodes:
+                self.credit[node] = min(self.burst, self.credit_of(node) + gain)
+
+
+class RecentNormClip:
+    """The clip of an applied gradient (module docstring): ``factor`` x the lower median of
+    the last applied norm of each of the last ``pool`` distinct nodes.
+
+    Parameters
+    ----------
+    factor : float
+        m; 0: off (``threshold`` is infinite).
+    pool : int (default: ``CLIP_POOL``)
+        How many distinct nodes' last norms the median is taken over.
+    """
+
+    def __init__(self, factor: float, pool: int = CLIP_POOL) -> None:
+        self.factor, self.pool = factor, pool
+        self.norms: OrderedDict[int, float] = OrderedDict()  # node -> last norm, oldest first
+
+    def threshold(self, node: int, norm: float, provisional: float) -> float:
+        """The largest norm ``node``'s update of norm ``norm`` may keep: m x the lower median
+        of the pool with ``norm`` as ``node``'s entry; ``provisional`` while no other node's
+        norm is known."""
+        if not self.factor:
+            return math.inf
+        others = [v for n, v in self.norms.items() if n != node][-(self.pool - 1) :]
+        if not others:
+            return provisional
+        return self.factor * lower_median([*others, norm])
+
+    def record(self, node: int, norm: float) -> None:
+        """``node``'s update of norm ``norm`` was applied: its entry, now the newest."""
+        self.norms.pop(node, None)
+        self.norms[node] = norm
+        while len(self.norms) > self.pool:
+            self.norms.popitem(last=False)
+
+
 class AsyncFFGG(FFGG):
     """Asynchronous FFGG's server (Alg. 3); the parameters of ``FFGG`` (their defaults: the
     app's for ``async-ffgg``, ``ASYNC_FFGG_DEFAULTS``'s server lr) plus:
@@ -151,6 +295,11 @@ class AsyncFFGG(FFGG):
         Evaluate every that many updates; 0: ``evaluate_every * C``.
     client_timeout : float (default: ``async-client-timeout-s``)
         Seconds after which an unanswered message frees its slot.
+    max_share : float (default: ``async-max-share``)
+        k of the fair share (``FairShare``): a node's long-run share of the applied updates
+        is at most k / N; 0: off (Alg. 3's draw among all idle nodes).
+    clip_factor : float (default: ``async-clip-factor``)
+        m of the clip (``RecentNormClip``); 0: off.
     poll_interval : float (default: 0.01)
         Pause between pulls when nothing has arrived.
     """
@@ -169,6 +318,8 @@ class AsyncFFGG(FFGG):
         time_budget: float = SETTINGS.async_time_budget_s,
         evaluate_every_updates: int = SETTINGS.async_evaluate_every,
         client_timeout: float = SETTINGS.async_client_timeout_s,
+        max_share: float = SETTINGS.async_max_share,
+        clip_factor: float = SETTINGS.async_clip_factor,
         poll_interval: float = 0.01,
         **kwargs,
     ) -> None:
@@ -181,6 +332,8 @@ class AsyncFFGG(FFGG):
             "time_budget": time_budget >= 0,
             "evaluate_every_updates": evaluate_every_updates >= 0,
             "client_timeout": client_timeout > 0,
+            "max_share": max_share == 0 or max_share >= 1,
+            "clip_factor": clip_factor == 0 or clip_factor >= 1,
         }
         for name, ok in checks.items():
             if not ok:
@@ -196,16 +349,25 @@ class AsyncFFGG(FFGG):
         self.time_budget = time_budget
         self.evaluate_every_updates = evaluate_every_updates
         self.client_timeout = client_timeout
+        self.max_share = max_share
+        self.clip_factor = clip_factor
         self.poll_interval = poll_interval
         self.counts: dict[str, int] = {}
+        self.fair = FairShare(max_share)
+        self.clip = RecentNormClip(clip_factor)
+        self._failing: set[int] = set()  # nodes failed since the last update or failed round
+        self._first_scale: float | None = None  # S_1 of the provisional clip
 
     def summary(self) -> None:
         super().summary()
         log.info(
-            "\t└── async: C = %s, max staleness %d, step / (1 + s)^%g",
+            "\t└── async: C = %s, max staleness %d, step / (1 + s)^%g, share <= %g / N, "
+            "clip %g x median",
             self.concurrency or "fraction-train x N",
             self.max_staleness,
             self.staleness_power,
+            self.max_share,
+            self.clip_factor,
         )
 
     # --- the asynchronous loop -----------------------------------------------------------
@@ -222,6 +384,7 @@ class AsyncFFGG(FFGG):
         self.refuse_other_lr(train_config)
         self.history = []
         self.counts = {"replies": 0, "applied": 0, "dropped": 0, "timed-out": 0}
+        self.counts.update({"clipped": 0, "fair-share-held": 0, "fair-share-waived": 0})
         if in_memory_grid(grid):
             index_dispatch()
         self.learn_partitions(grid, timeout=timeout or 3600.0)
@@ -236,13 +399,17 @@ class AsyncFFGG(FFGG):
         self.num_rounds = total  # the "round" of messages, logs and evaluation = theta's version
         self.check_robust(slots)
         self._slots = slots
-        self.failed_rounds, self.failed_replies, self.value_drops = 0, 0, {}
+        self.failed_rounds, self.value_drops, self._failing = 0, {}, set()
+        self.fair = FairShare(self.max_share)
+        self.clip = RecentNormClip(self.clip_factor)
+        self._first_scale = None
         self._current = initial_arrays
         base_config = dict(train_config or {})
         log.info("async FFGG: %d updates, %d clients in flight, %d nodes", total, slots, len(nodes))
 
         version = 0
         idle = list(nodes)
+        down: set[int] = set()  # nodes whose latest message timed out or was dropped
         in_flight: dict[str, tuple[int, int, float]] = {}  # message id -> node, version, sent
         paused = 0.0  # seconds spent evaluating: not training time
         started = time.perf_counter()
@@ -251,7 +418,9 @@ class AsyncFFGG(FFGG):
 
         def launch() -> None:
             while len(in_flight) < slots and idle:
-                node = self.rng.sample(self._ordered(idle), 1)[0]
+                node = self._draw(idle, busy=bool(in_flight))
+                if node is None:  # the idle nodes are out of credit: wait for an update
+                    return
                 idle.remove(node)
                 settings = {**base_config, **self.train_config(version + 1)}
                 messages = self._messages(
@@ -274,8 +443,11 @@ class AsyncFFGG(FFGG):
                 ):
                     del in_flight[msg_id]
                     idle.append(node)
+                    down.add(node)
+                    self.fair.charge(node)
                     self.counts["timed-out"] += 1
                     log.warning("async FFGG: node %d timed out; its slot goes to another", node)
+                    self.count_failure(version + 1, node)
             if not replies:
                 launch()
                 time.sleep(self.poll_interval)
@@ -286,18 +458,23 @@ class AsyncFFGG(FFGG):
                     continue
                 node, sent_version, _ = entry
                 idle.append(node)
+                self.fair.charge(node)
                 self.counts["replies"] += 1
                 if version >= total:  # the budget was spent by an earlier reply of this pull
                     self.counts["dropped"] += 1
                     self._drop(version, node, "arrived after the last update")
                     continue
-                if self._apply(version + 1, reply, version - sent_version):
-                    version += 1
-                    self._log(version).seconds = time.perf_counter() - started - paused
-                    if version % every == 0 and version < total:  # the last: below
-                        pause = time.perf_counter()
-                        self._evaluate(grid, version, evaluate_config, evaluate_fn)
-                        paused += time.perf_counter() - pause
+                if not self._apply(version + 1, reply, version - sent_version):
+                    down.add(node)
+                    continue
+                down.discard(node)
+                self.fair.earn(nodes, len(nodes) - len(down))
+                version += 1
+                self._log(version).seconds = time.perf_counter() - started - paused
+                if version % every == 0 and version < total:  # the last: below
+                    pause = time.perf_counter()
+                    self._evaluate(grid, version, evaluate_config, evaluate_fn)
+                    paused += time.perf_counter() - pause
             launch()
         self.counts["abandoned-in-flight"] = len(in_flight)
         self.num_rounds = version  # the final evaluation: every client
@@ -306,44 +483,83 @@ class AsyncFFGG(FFGG):
         log.info("async FFGG: %s", self.counts)
         return Result(arrays=self._current)
 
+    def _draw(self, idle: list[int], busy: bool) -> int | None:
+        """Alg. 3's "sample a new client", among the idle nodes with credit left
+        (``FairShare``; with all of them eligible, the very draw of Alg. 3). None if none
+        has credit while a message is in flight (``busy``): its update will earn some;
+        with nothing in flight, the idle node with the most credit (``fair-share-waived``)."""
+        eligible = [n for n in idle if self.fair.eligible(n)]
+        if not eligible:
+            if busy:
+                return None
+            self.counts["fair-share-waived"] += 1
+            eligible = [max(self._ordered(idle), key=self.fair.credit_of)]
+        elif len(eligible) < len(idle):  # a draw that passed over a node out of credit
+            self.counts["fair-share-held"] += 1
+        return self.rng.sample(self._ordered(eligible), 1)[0]
+
     def should_evaluate(self, server_round: int) -> bool:
         return True  # the loop decides when (every ``evaluate_every_updates`` updates)
 
     def _apply(self, new_version: int, reply, staleness: int) -> bool:
-        """Check the reply and apply it: theta <- theta - gamma / (1 + s)^a * Delta. The
-        update-norm and claim bounds hold for each reply (a 1-reply round: checked against
-        the reference, which it does not move); ``max_failed_rounds`` x C replies in a row
-        dropped stop the run (``RunFailed``)."""
+        """Check the reply and apply it: theta <- theta - gamma / (1 + s)^a * c * Delta, c
+        the clip's factor (``RecentNormClip``: 1 when the norm is within it). The update-norm
+        and claim bounds hold for each reply (a 1-reply round: checked against the
+        reference, which it does not move); ``max_failed_rounds`` rounds of C distinct
+        nodes failing in a row stop the run (``count_failure``)."""
         current = {k: a.numpy() for k, a in self._current.items()}
-        self._asked = {self.sender(reply)}
+        node = self.sender(reply)
+        self._asked = {node}
         updates = self.check_train_replies(new_version, [reply])
         updates = self.bound_updates(new_version, current, updates) if updates else updates
+        if updates and 0 <= self.max_staleness < staleness:
+            self._drop(new_version, node, f"stale: s = {staleness}")
+            updates = []
+        self.track_value_drops()
         if not updates:
             self.counts["dropped"] += 1
-            self.settle_reply(new_version, applied=False)
+            self.count_failure(new_version, node)
             return False
-        if 0 <= self.max_staleness < staleness:
-            self.counts["dropped"] += 1
-            self._drop(new_version, updates[0].node_id, f"stale: s = {staleness}")
-            self.settle_reply(new_version, applied=False)
-            return False
-        self.settle_reply(new_version, applied=True)
-        scale = (1.0 + staleness) ** -self.staleness_power
-        gradient = {k: scale * v for k, v in updates[0].tensors.items()}
+        self._failing.clear()
+        self.count_round(new_version, applied=1)
+        update = updates[0]
+        norm = update.norm
+        if norm is None:  # the update-norm bound is off: the value check computed none
+            norm = update_norm({}, update.tensors, False)
+        limit = self.clip.threshold(node, norm, self._provisional_clip(new_version, current))
+        clip = min(1.0, limit / norm) if norm > 0 else 1.0
+        self.clip.record(node, norm)
+        scale = (1.0 + staleness) ** -self.staleness_power * clip
+        gradient = {k: scale * v for k, v in update.tensors.items()}
         new = self.server_optimizer.step(current, gradient)
         self._current = ArrayRecord({k: Array(new[k].astype(current[k].dtype)) for k in current})
         self.counts["applied"] += 1
+        self.counts["clipped"] += clip < 1.0
         metrics = self.round_metrics(updates)
-        self._log(new_version).train = {**metrics, "staleness": float(staleness)}
+        self._log(new_version).train = {
+            **metrics,
+            "staleness": float(staleness),
+            "clipped": float(clip < 1.0),
+        }
         return True
 
-    def settle_reply(self, version: int, applied: bool) -> None:
-        """``settle_round`` for one reply: the node's value drops are tracked per reply, and
-        C (``concurrency``) replies dropped in a row count as one round that applied nothing."""
-        self.track_value_drops()
-        self.failed_replies = 0 if applied else self.failed_replies + 1
-        if applied or self.failed_replies % self._slots == 0:
-            self.count_round(version, applied=int(applied))
+    def _provisional_clip(self, version: int, current: dict) -> float:
+        """``PROVISIONAL_CLIP`` x min(S_t, S_1), S the update-norm bound's scale: what the
+        clip is while no other node's norm is known."""
+        scale = provisional_scale(current, self.step_factor(version))
+        if self._first_scale is None:
+            self._first_scale = scale
+        return PROVISIONAL_CLIP * min(scale, self._first_scale)
+
+    def count_failure(self, version: int, node: int) -> None:
+        """A message of ``node`` was dropped or timed out. C (``concurrency``) *distinct*
+        nodes failing with no update applied in between count as one round that applied
+        nothing (``count_round``): a fast client whose every reply is dropped fails alone,
+        and cannot end the run while others' updates are applied."""
+        self._failing.add(node)
+        if len(self._failing) >= self._slots:
+            self._failing.clear()
+            self.count_round(version, applied=0)
 
     def _evaluate(self, grid, version, evaluate_config, evaluate_fn) -> None:
         """The usual protocol on the current theta; every client when ``version`` is
@@ -372,6 +588,8 @@ def async_ffgg_strategy(cfg: Config, **kwargs) -> AsyncFFGG:
         time_budget=cfg.async_time_budget_s,
         evaluate_every_updates=cfg.async_evaluate_every,
         client_timeout=cfg.async_client_timeout_s,
+        max_share=cfg.async_max_share,
+        clip_factor=cfg.async_clip_factor,
         **kwargs,
     )
 
