@@ -17,7 +17,6 @@ from flwr.serverapp import Grid
 
 from pflower.flower_dispatch import index_message_dispatch
 from pflower.flower_waits import cap_pull_backoff
-from pflower.strategies.checks import ClaimBound
 from pflower.wire import CONFIG, METRICS, QUERY
 
 # A child of Flower's logger, so our records go wherever Flower's go (console, `flwr log`).
@@ -227,13 +226,10 @@ class NodeSampling:
             size = _count(reply.content[METRICS].get("num-train"))
             if size:
                 sizes[node] = size
-        # a start-up claim weighs every round (PFLEGO's sum_j N_j): the claims bound holds it
-        # as it holds the replies' (100 x the claims' lower median); a node whose claim is
-        # not believed has none known, and its replies' claims meet the bound round by round
-        outliers = ClaimBound().outliers(sizes, {})
-        for node, reason in sorted(outliers.items()):
-            log.warning("node %d: start-up num-train ignored: %s", node, reason)
-        self.num_train_of.update((n, c) for n, c in sizes.items() if n not in outliers)
+        # a start-up claim is its node's first claim: it weighs every round (PFLEGO's
+        # sum_j N_j) as the claim bound weighs it, never above 10 x the lower median of the
+        # nodes' first claims (``checks.ClaimBound``), whatever it says
+        self.num_train_of.update(sizes)
 
     def _in_order(self, replies: Iterable[Message]) -> list[Message]:
         """Replies in partition-id order (the order the nodes were sampled in)."""
