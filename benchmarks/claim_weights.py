@@ -12,7 +12,8 @@ sets, ``fraction-evaluate``) and for PFLEGO's start-up claims (every node known 
 **Losses** (``--losses``): a pooled loss clips each client's loss at ``LOSS_CLIP`` x the
 lower median of the round's (``history.clip_losses``). A few honest LocalGrid runs
 (evaluation every round) report the largest per-client loss as a multiple of that lower
-median, per metric: the clip leaves honest figures alone while that stays below it.
+median, per metric (the clip leaves honest figures alone while that stays below it), and
+how much a clip at each of ``--clips`` would lower the honest pooled loss (its worst round).
 
     python benchmarks/claim_weights.py                       # mnist-5k, Dirichlet 0.3, 50
     python benchmarks/claim_weights.py --partitioner pathological --nodes 20
@@ -135,7 +136,7 @@ def losses_table(args) -> None:
         "batch-size": 32,
         "finetune-epochs": 1,
         "evaluate-every": 1,
-        "fraction-train": 1.0,
+        "fraction-train": args.loss_fraction,
         "num-server-rounds": args.loss_rounds,
         "outputs-dir": tempfile.mkdtemp(prefix="pflower-claim-weights-"),
         "seed": 0,
@@ -152,23 +153,39 @@ def losses_table(args) -> None:
             {"algorithm": "ffgg", "dataset": "synthetic-linear", "partitioner": "iid"},
         ),
     )
-    print(f"\nLOSS_CLIP = {LOSS_CLIP:g}; {args.loss_nodes} nodes, {args.loss_rounds} rounds\n")
-    print("| run | metric | largest loss / lower median (its round) |")
-    print("|---|---|---|")
+    print(
+        f"\nLOSS_CLIP = {LOSS_CLIP:g}; {args.loss_nodes} nodes, {args.loss_rounds} rounds, "
+        f"fraction-train {args.loss_fraction:g}\n"
+    )
+    print(
+        "| run | metric | largest loss / lower median (its round) "
+        "| pooled loss lowered by the clip, worst round |"
+    )
+    print("|---|---|---|---|")
     for name, overrides in runs:
+        if args.loss_runs and overrides["algorithm"] not in args.loss_runs:
+            continue
         seen.clear()
         with contextlib.redirect_stdout(io.StringIO()):
             run_local({**base, **overrides}, args.loss_nodes)
         worst: dict[str, tuple[float, int]] = {}
+        moved: dict[tuple[str, float], float] = {}
         for rnd, rows in enumerate(seen, 1):
             for key in sorted({k for r in rows for k in r if is_loss(k)}):
-                values = [r[key] for r in rows if key in r]
-                m = lower_median(values)
-                ratio = max(values) / m if m > 0 else math.inf
+                values = np.array([r[key] for r in rows if key in r])
+                n = np.array([r["num-examples"] for r in rows if key in r], dtype=float)
+                m = lower_median(list(values))
+                ratio = values.max() / m if m > 0 else math.inf
                 if ratio > worst.get(key, (-1.0, 0))[0]:
                     worst[key] = (ratio, rnd)
+                raw = float((n * values).sum() / n.sum())
+                for c in args.clips:  # the pooled loss with the clip at c, against without
+                    clipped = float((n * np.minimum(values, c * m)).sum() / n.sum())
+                    change = (raw - clipped) / raw if raw > 0 else 0.0
+                    moved[key, c] = max(moved.get((key, c), 0.0), change)
         for key, (ratio, rnd) in sorted(worst.items()):
-            print(f"| {name} | {key} | {ratio:.2f} ({rnd}) |", flush=True)
+            changes = ", ".join(f"c = {c:g}: {moved[key, c]:.2%}" for c in args.clips)
+            print(f"| {name} | {key} | {ratio:.2f} ({rnd}) | {changes} |", flush=True)
     server.summarize_clients = real
 
 
@@ -187,6 +204,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--losses", action="store_true", help="also the honest loss spread")
     parser.add_argument("--loss-nodes", type=int, default=10)
     parser.add_argument("--loss-rounds", type=int, default=10)
+    parser.add_argument("--loss-runs", nargs="*", default=[], help="algorithms (default: all)")
+    parser.add_argument("--loss-fraction", type=float, default=1.0, help="fraction-train")
+    parser.add_argument("--clips", type=float, nargs="+", default=[10.0, 100.0, 1000.0])
     args = parser.parse_args(argv)
     logging.getLogger("flwr").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")

@@ -7,7 +7,8 @@ their own (``RobustFedAvg``, ``AsyncFFGG``).
 
 **Layout and values.** A reply that is an error, lacks the algorithm's reply key, carries
 other records, names, shapes or dtypes than the shared parameters, non-finite values, or a
-metric that is not a finite number is dropped and counted with its reason and node id.
+metric out of range (not a finite number, an accuracy outside [0, 1], a loss below 0:
+``wire.metrics_problem``) is dropped and counted with its reason and node id.
 
 **The update-norm bound** (``UpdateNormBound``). Every accepted reply's update (gradient,
 delta, or ``current - returned weights``) has a norm of at most ``K x R``, ``K`` =
@@ -249,8 +250,8 @@ class ClaimBound:
     ) -> dict[int, tuple[float, str]]:
         """The round's weights: node -> (``min(claim, first, cap)``, why it is below the
         claim: '' if it is not). The claims of nodes not yet in the pool become their first
-        claims and join it before the cap is taken (a node is weighed against the nodes
-        known and this round's newcomers, never against its own claim alone)."""
+        claims and join it before the cap is taken: the cap is of every node known and this
+        round's newcomers (in a first round of 2 replies a liar meets the honest claim)."""
         cap = self.cap(known, claims)
         out = {}
         for node, claim in claims.items():
