@@ -485,9 +485,14 @@ def weight_shares(result: dict, pid: int) -> list[float]:
 
 def attack_8() -> list[dict]:
     """A low claim in a 2-node federation: node 0 claims 1 example from its first reply on
-    (FedAvg, digits, 5 rounds); its update is honest."""
-    run = {**DIGITS, "algorithm": "fedavg", "num-server-rounds": 5, "evaluate-every": 5}
-    bad = execute(run, 2, claim=lambda pid, n: 1 if pid == 0 else n)
+    and sends its honest update sign-flipped (FedAvg, digits, 10 rounds)."""
+    run = {**DIGITS, "algorithm": "fedavg", "num-server-rounds": 10, "evaluate-every": 10}
+    bad = execute(
+        run,
+        2,
+        attack=scaled(lambda r: -1.0),
+        claim=lambda pid, n: 1 if pid == 0 else n,
+    )
     kept = sum(1 in r["kept"] for r in bad["rounds"])
     shares = ", ".join(f"{s:.3f}" for s in weight_shares(bad, 1))
     detail = (
@@ -577,7 +582,7 @@ ATTACKS = {
     5: ("2 sign-flip (x4) of 10 during 5 pre-training rounds", attack_5),
     6: ("multi-krum m=5 f=1, a drop leaves N=5, a 50 x outlier", attack_6),
     7: ("mismatched algorithm / every reply dropped", attack_7),
-    8: ("claim of 1 from the first reply, 2 nodes (issue 45)", attack_8),
+    8: ("claim of 1 and a sign flip, 2 nodes (issue 45)", attack_8),
     9: ("2 of 4 claim 1 and send 10 x: R seeded? (issue 45)", attack_9),
     10: ("evaluation: claim of 1, accuracy 1.0, 2 nodes (issue 45)", attack_10),
     11: ("evaluation: loss -60 / 1e6 of 1 node in 10 (issue 45)", attack_11),
