@@ -1,4 +1,4 @@
-"""The adversaries of issue 27, before and after its bounds: the closing note's table.
+"""The adversaries of issues 27 and 45, before and after their fixes: the closing notes' tables.
 
 Each attack the issue lists runs on a ``LocalGrid`` (offline data: digits or mnist-5k, the MLP,
 a few nodes and rounds) next to the clean run of the same config. A ClientApp wrapper around
@@ -18,6 +18,9 @@ measures 94eac80 (before the bounds) from a worktree and HEAD::
     PYTHONPATH=/tmp/pf-before .venv/bin/python benchmarks/adversaries.py --out before.json
     .venv/bin/python benchmarks/adversaries.py --out after.json
     .venv/bin/python benchmarks/adversaries.py --compare before.json after.json
+
+Attacks 8-12 are issue 45's on claims and evaluation metrics (before: 2e5a772;
+``--only 8,9,10,11,12``). Attack 2's detail (a 1e6 x claim) shows the liar's weight share.
 
 ``--only 1,3`` runs some attacks; ``--max-rounds 2`` caps every run's rounds (a smoke test).
 """
@@ -88,11 +91,13 @@ def attacking_app(
     attack: Callable | None = None,
     fill: Callable | None = None,
     claim: Callable | None = None,
+    evaluation: Callable | None = None,
 ) -> ClientApp:
     """pflower's ClientApp of ``overrides``; a training reply may be changed by
     ``attack(pid, round, update) -> update or None`` (the update: ``theta - w`` for returned
     weights, else the reply's vector), ``fill(pid, round) -> value or None`` (every entry of
-    the reply's record set to ``value``) and ``claim(pid, n) -> n'`` (its ``num-examples``).
+    the reply's record set to ``value``) and ``claim(pid, n) -> n'`` (its ``num-examples``);
+    an evaluation reply's metrics by ``evaluation(pid, metrics)`` (in place).
     ``tests/test_bounds.py``'s ``attacking_app`` with ``fill``: a copy, since this file may
     import neither ``tests/`` nor anything 94eac80 lacks."""
     honest = build_client_app(overrides)
@@ -135,7 +140,10 @@ def attacking_app(
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
-        return honest(msg, context)
+        reply = honest(msg, context)
+        if evaluation is not None and not reply.has_error():
+            evaluation(int(context.node_config["partition-id"]), reply.content["metrics"])
+        return reply
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
@@ -269,7 +277,7 @@ def execute(overrides: dict, nodes: int, client_overrides: dict | None = None, *
         "outcome": error or "completed",
         "final": {
             k: (report.final.get(k) if report is not None else None)
-            for k in ("personal-accuracy", "global-accuracy")
+            for k in ("personal-accuracy", "global-accuracy", "personal-loss")
         },
         "evaluations": evaluations,
         "max-abs": max((float(np.abs(v).max()) for v in final.values()), default=None),
@@ -465,6 +473,107 @@ def applied(result: dict) -> str:
     return f"replies applied per round: {result['applied']}"
 
 
+# --- issue 45: claims and evaluation metrics ------------------------------------------------
+def weight_shares(result: dict, pid: int) -> list[float]:
+    """Node ``pid``'s share of the round's weights (the kept replies' ``num-examples``: the
+    claims before issue 45, the bounded weights after), 0 where it was not kept."""
+    return [
+        r["claims"].get(pid, 0.0) / sum(r["claims"].values()) if r["claims"] else 0.0
+        for r in result["rounds"]
+    ]
+
+
+def attack_8() -> list[dict]:
+    """A low claim in a 2-node federation: node 0 claims 1 example from its first reply on
+    and sends its honest update sign-flipped (FedAvg, digits, 10 rounds)."""
+    run = {**DIGITS, "algorithm": "fedavg", "num-server-rounds": 10, "evaluate-every": 10}
+    bad = execute(
+        run,
+        2,
+        attack=scaled(lambda r: -1.0),
+        claim=lambda pid, n: 1 if pid == 0 else n,
+    )
+    kept = sum(1 in r["kept"] for r in bad["rounds"])
+    shares = ", ".join(f"{s:.3f}" for s in weight_shares(bad, 1))
+    detail = (
+        f"honest node kept in {kept} of {len(bad['rounds'])} rounds; its weight share: {shares}"
+    )
+    return [row("fedavg", clean(run, 2), bad, detail)]
+
+
+def attack_9() -> list[dict]:
+    """Seeding R with low claims: nodes 0 and 1 of 4 claim 1 example and send 10 x their
+    honest update (inside the first round's bound S) from round 1 (FedAvg, digits, 5
+    rounds): is R seeded by their norms?"""
+    run = {**DIGITS, "algorithm": "fedavg", "num-server-rounds": 5, "evaluate-every": 5}
+    bad = execute(
+        run,
+        4,
+        attack=scaled(lambda r: 10.0, who=(0, 1)),
+        claim=lambda pid, n: 1 if pid < 2 else n,
+    )
+    first = bad["rounds"][0] if bad["rounds"] else None
+    if first is None or not first["reference"].get("weights"):
+        return [row("fedavg", clean(run, 4), bad, "no reference seeded in round 1")]
+    honest = max(v for pid, v in first["norms"].items() if int(pid) >= 2)
+    ratio = first["reference"]["weights"] / honest
+    kept = sum(int(pid) >= 2 for pid in first["kept"])
+    detail = (
+        f"round 1: honest replies kept {kept} of 2; R / the largest honest update norm = "
+        f"{ratio:.4g}"
+    )
+    return [row("fedavg", clean(run, 4), bad, detail)]
+
+
+def evaluation_liar(**changes) -> Callable:
+    """Node 0's evaluation metrics: each key of ``changes`` set (a callable: of the value)."""
+
+    def lie(pid, metrics):
+        if pid == 0:
+            for k, v in changes.items():
+                metrics[k] = v(metrics[k]) if callable(v) else v
+
+    return lie
+
+
+def pooled_figures(result: dict) -> str:
+    f = result["final"]
+    return f"pooled accuracy {fmt(f['personal-accuracy'])}, pooled loss {fmt(f['personal-loss'])}"
+
+
+def attack_10() -> list[dict]:
+    """A low evaluation claim in a 2-node federation: node 0 reports 1 test example and
+    accuracy 1.0 (FedAvg, digits, 5 rounds)."""
+    run = {**DIGITS, "algorithm": "fedavg", "num-server-rounds": 5, "evaluate-every": 5}
+    lie = evaluation_liar(**{"num-examples": 1, "personal-accuracy": 1.0})
+    bad = execute(run, 2, evaluation=lie)
+    base = clean(run, 2)
+    return [row("fedavg", base, bad, f"{pooled_figures(bad)} (clean: {pooled_figures(base)})")]
+
+
+def attack_11() -> list[dict]:
+    """Evaluation losses of one node of ten, its test-set size truthful: -60 (below any
+    loss) and 1e6 (FedAvg, digits, 3 rounds)."""
+    run = {**DIGITS, "algorithm": "fedavg", "num-server-rounds": 3, "evaluate-every": 3}
+    base = clean(run, 10)
+    rows = []
+    for value in (-60.0, 1e6):
+        bad = execute(run, 10, evaluation=evaluation_liar(**{"personal-loss": value}))
+        detail = f"loss {value:g}: {pooled_figures(bad)} (clean: {pooled_figures(base)})"
+        rows.append(row("fedavg", base, bad, detail))
+    return rows
+
+
+def attack_12() -> list[dict]:
+    """One node of ten reports accuracy 1.0 and claims 95 x its test set (the default run's
+    shape: FedAlt, mnist-5k, 2 classes per client, 3 rounds)."""
+    run = {**DEFAULT_LIKE, "num-server-rounds": 3, "evaluate-every": 3}
+    lie = evaluation_liar(**{"num-examples": lambda n: 95 * n, "personal-accuracy": 1.0})
+    bad = execute(run, 10, evaluation=lie)
+    base = clean(run, 10)
+    return [row("fedalt", base, bad, f"{pooled_figures(bad)} (clean: {pooled_figures(base)})")]
+
+
 ATTACKS = {
     1: ("one 1e30 reply, 2 nodes", attack_1),
     2: ("1e6 x num-examples from the first reply, 2 nodes", attack_2),
@@ -473,6 +582,11 @@ ATTACKS = {
     5: ("2 sign-flip (x4) of 10 during 5 pre-training rounds", attack_5),
     6: ("multi-krum m=5 f=1, a drop leaves N=5, a 50 x outlier", attack_6),
     7: ("mismatched algorithm / every reply dropped", attack_7),
+    8: ("claim of 1 and a sign flip, 2 nodes (issue 45)", attack_8),
+    9: ("2 of 4 claim 1 and send 10 x: R seeded? (issue 45)", attack_9),
+    10: ("evaluation: claim of 1, accuracy 1.0, 2 nodes (issue 45)", attack_10),
+    11: ("evaluation: loss -60 / 1e6 of 1 node in 10 (issue 45)", attack_11),
+    12: ("evaluation: 95 x claim, accuracy 1.0, 1 in 10 (issue 45)", attack_12),
 }
 
 

@@ -28,6 +28,22 @@ S = "pflower/strategies/"
 T = "tests/"
 EXACT = [f"{T}test_exact_rounds.py", f"{T}test_bring_your_own.py"]
 PRIVACY = f"{T}test_privacy.py::"
+#: the claim and evaluation tests of issue 45 (the files' other tests take ~10 minutes)
+B, C = f"{T}test_bounds.py::", f"{T}test_bad_clients.py::"
+CLAIMS = [
+    B + "test_claims_are_capped_against_a_pool_that_liars_cannot_move_out_of_the_honest_range",
+    B + "test_max_num_examples_is_an_absolute_cap_and_start_up_claims_are_first_claims",
+    B + "test_a_liars_claim_in_a_two_node_federation_is_capped_and_the_honest_node_kept",
+    B + "test_low_claims_do_not_seed_the_update_norm_reference",
+    C + "test_a_lie_about_num_examples_is_capped_never_dropped",
+    C + "test_start_up_answers_that_are_no_counts_are_ignored_and_a_lie_is_bounded",
+]
+EVALUATION = [
+    C + "test_a_low_evaluation_claim_in_a_two_node_federation_moves_accuracy_by_its_share",
+    C + "test_a_high_evaluation_claim_moves_the_pooled_accuracy_by_its_bounded_share",
+    C + "test_a_loss_below_zero_is_dropped_and_a_huge_one_counts_at_most_c_times_an_honest_one",
+    C + "test_a_client_cannot_write_megabytes_or_infinity_into_the_results",
+]
 
 
 @dataclass
@@ -417,6 +433,94 @@ PLANTS = [
         "pflower/experiments/attacks.py",
         [("return -epsilon * honest.mean(dim=0)", "return epsilon * honest.mean(dim=0)")],
         [T + "test_attacks.py"],
+    ),
+    # --- claims and evaluation metrics (issue 45) ---------------------------------------
+    Plant(
+        "claims: the cap's pool is the round's claims only",
+        S + "checks.py",
+        [("pool = {**self.claimed, **known}", "pool = {}")],
+        CLAIMS,
+    ),
+    Plant(
+        "claims: the cap from the pool's upper median (a high liar raises it)",
+        S + "checks.py",
+        [
+            (
+                "return self.factor * lower_median(list(pool.values())) if pool else math.inf",
+                "return self.factor * sorted(pool.values())[len(pool) // 2] if pool else math.inf",
+            )
+        ],
+        CLAIMS,
+    ),
+    Plant(
+        "claims: a node weighs more than its first claim",
+        S + "checks.py",
+        [("weight = min(claim, first, cap)", "weight = min(claim, cap)")],
+        CLAIMS,
+    ),
+    Plant(
+        "claims: a claim above the cap drops the reply (before issue 45)",
+        S + "checks.py",
+        [("u = replace(u, metrics={**u.metrics, NUM_EXAMPLES: weight})", "continue")],
+        CLAIMS,
+    ),
+    Plant(
+        "claims: weighed before the norm bound, a capped reply dropped (issue 45's order)",
+        S + "checks.py",
+        [
+            (
+                "        if self.norm_bound.factor and updates:\n"
+                "            updates = self._bound_norms(server_round, current, updates)\n"
+                "        return self.weigh_claims(server_round, updates)\n",
+                "        updates = self.weigh_claims(server_round, updates)\n"
+                "        if self.norm_bound.factor and updates:\n"
+                "            updates = self._bound_norms(server_round, current, updates)\n"
+                "        return updates\n",
+            ),
+            ("u = replace(u, metrics={**u.metrics, NUM_EXAMPLES: weight})", "continue"),
+        ],
+        CLAIMS,
+    ),
+    Plant(
+        "claims: the mean weighs the claim, not the bounded weight",
+        S + "checks.py",
+        [("u = replace(u, metrics={**u.metrics, NUM_EXAMPLES: weight})", "pass")],
+        CLAIMS,
+    ),
+    Plant(
+        "claims: PFLEGO's sum_j N_j of the start-up claims as claimed",
+        S + "pflego.py",
+        [("sum(min(n, cap) for node, n in", "sum(n for node, n in")],
+        CLAIMS,
+    ),
+    Plant(
+        "evaluation: rows pooled by their claims, not the bounded weights",
+        S + "checks.py",
+        [("metrics = {**metrics, NUM_EXAMPLES: weight}", "metrics = metrics")],
+        EVALUATION,
+    ),
+    Plant(
+        "evaluation: losses pooled unclipped",
+        S + "history.py",
+        [("ceilings[key] = LOSS_CLIP * lower_median(values)", "ceilings[key] = math.inf")],
+        EVALUATION,
+    ),
+    Plant(
+        "evaluation: losses clipped at c x the round's largest (a liar raises it)",
+        S + "history.py",
+        [
+            (
+                "ceilings[key] = LOSS_CLIP * lower_median(values)",
+                "ceilings[key] = LOSS_CLIP * max(values)",
+            )
+        ],
+        EVALUATION,
+    ),
+    Plant(
+        "evaluation: a loss below 0 accepted",
+        "pflower/wire.py",
+        [("if is_loss(key) and value < 0:", "if is_loss(key) and value < -1e300:")],
+        EVALUATION,
     ),
     Plant(
         "async-ffgg: no fair share (every idle node drawn, however many updates it made)",

@@ -625,9 +625,10 @@ class RunSettings(Settings):
         alias="max-num-examples",
         ge=0,
         description=(
-            "drop a reply claiming more training examples than this; `0`: more than 100 × the "
-            "lower median of the claims known (a node's claim must in any case stay what it first "
-            "reported)"
+            "the largest weight a reply's `num-examples` claim gets (a claim above it is capped, "
+            "never dropped); `0`: 10 × the lower median of the nodes' first claims, each node "
+            "counted once (a node weighs in any case at most what it first reported); set it above "
+            "every honest size to weigh replies by their claims as the papers do"
         ),
     )
     max_failed_rounds: int = Field(

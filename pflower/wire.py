@@ -182,12 +182,24 @@ class ClientUpdate:
 
     @property
     def num_examples(self) -> float:
+        """The reply's weight in every aggregation: once the claim checks have run
+        (``checks.ReplyChecks.bound_updates``) its ``num-examples`` claim *bounded*
+        (``checks.ClaimBound``: at most its node's first claim and the cap), which they
+        write into a copy of ``metrics``; before them, the claim as sent."""
         return float(self.metrics[NUM_EXAMPLES])
+
+
+def is_loss(key: str) -> bool:
+    """Whether a metric is a loss (``loss``, ``*-loss``) or an RMSE (``*-rmse``): a value
+    of a non-negative function (cross-entropy, squared error, a loss of one's own), which a
+    pooled figure clips (``history.clip_losses``)."""
+    return key == "loss" or key.endswith(("-loss", "-rmse"))
 
 
 def metrics_problem(metrics: Mapping, required: tuple[str, ...] = (NUM_EXAMPLES,)) -> str:
     """Why a reply's metrics cannot be aggregated ('' if they can): a required key
-    missing, a value that is not a finite number, an accuracy outside [0, 1], or a
+    missing, a value that is not a finite number, an accuracy outside [0, 1], a loss or
+    RMSE below 0 (``is_loss``: one client's -1e300 set the pooled loss), or a
     ``num-examples`` that is not a positive integer. The metric check every aggregating
     strategy applies (pflower's and ``RobustFedAvg``)."""
     for key in required:
@@ -200,6 +212,8 @@ def metrics_problem(metrics: Mapping, required: tuple[str, ...] = (NUM_EXAMPLES,
             return f"metric {key!r} is not finite"
         if key.endswith("accuracy") and not 0 <= value <= 1:
             return f"metric {key!r} = {value} outside [0, 1]"
+        if is_loss(key) and value < 0:
+            return f"metric {key!r} = {value} below 0"
         if key == NUM_EXAMPLES and (value < 1 or value != int(value)):
             return "num-examples is not a positive integer"
     return ""

@@ -227,21 +227,32 @@ def test_the_norm_bound_keeps_an_honest_client_next_to_a_converged_majority():
     assert len(kept) == 4 and strategy.update_norm_reference == {False: pytest.approx(1.8)}
 
 
-def test_a_lie_about_num_examples_is_dropped():
+def test_a_lie_about_num_examples_is_capped_never_dropped():
+    """Node 0 claims 1e12 training examples in every round, node 1 one more in round 2
+    than in round 1 (a data set that "changes"): both replies are kept, node 0 weighing
+    kappa x the lower median of the first claims, node 1 its first claim; with
+    ``max-num-examples`` the cap is that number."""
     run = {**RUN, "algorithm": "fedavg"}
+    sizes: dict[int, int] = {}
 
     def inflate(pid, rnd, reply):
+        metrics = reply.content["metrics"]
+        sizes.setdefault(pid, int(metrics["num-examples"]))
         if pid == 0:
-            reply.content["metrics"]["num-examples"] = 10**12
-        if pid == 1 and rnd == 2:  # a node whose data set "changes" between rounds
-            reply.content["metrics"]["num-examples"] += 1
+            metrics["num-examples"] = 10**12
+        if pid == 1 and rnd == 2:
+            metrics["num-examples"] += 1
 
-    bad = run_local(run, NODES, client_app=tampering_app(run, inflate))
-    drops = Counter(r for e in bad.rounds for r in e.dropped)
-    assert sum(n for r, n in drops.items() if "known claims" in r) == 2
-    assert sum(n for r, n in drops.items() if "differs from the" in r) == 1
-    capped = run_local({**run, "max-num-examples": 1000}, NODES, tampering_app(run, inflate))
-    assert reasons(capped)["num-examples 1e+12"] == 2  # above max-num-examples
+    for cap, expected_liar in ((0, None), (1000, 1000.0)):
+        bad = run_local({**run, "max-num-examples": cap}, NODES, tampering_app(run, inflate))
+        assert not any(e.dropped for e in bad.rounds)
+        trains = [e.train for e in bad.rounds if e.train]
+        assert [t["applied"] for t in trains] == [NODES, NODES]
+        assert [t["claims-capped"] for t in trains] == [1, 2]
+        firsts = sorted([1e12] + [float(n) for p, n in sizes.items() if p != 0])
+        liar = expected_liar or 10.0 * firsts[(NODES + 1) // 2 - 1]  # kappa x lower median
+        honest = sum(float(n) for p, n in sizes.items() if p != 0)
+        assert [t["num-examples"] for t in trains] == [liar + honest] * 2
 
 
 def test_bad_evaluate_replies_are_dropped_and_the_summary_stays_sane():
@@ -265,31 +276,126 @@ def test_bad_evaluate_replies_are_dropped_and_the_summary_stays_sane():
     assert drops["metric 'global-accuracy' is not finite"] == 1
 
 
-def test_evaluation_claims_are_bounded_like_training_claims():
-    """Evaluation replies weigh the pooled test metrics by their ``num-examples``: a node
-    claiming 1e15 test examples with accuracy 0 and a huge loss (it would set the pooled
-    figures alone) is dropped as above 100 x the known claims' lower median, in every round,
-    and a node whose test set "changes" between rounds is dropped as differing from its
-    first claim; the pooled accuracy stays among the honest clients' own."""
-    run = {**RUN, "algorithm": "fedavg", "evaluate-every": 1}
+def lying_evaluation(lie, honest_rows: dict):
+    """A tamper_evaluate: records each node's honest metrics of the final round in
+    ``honest_rows``, then lets ``lie(metrics)`` change node 0's."""
 
-    def lie(pid, rnd, reply):
+    def tamper(pid, rnd, reply):
         metrics = reply.content["metrics"]
+        honest_rows[pid] = dict(metrics)
         if pid == 0:
-            metrics["num-examples"] = 1e15
-            metrics["personal-accuracy"] = metrics["global-accuracy"] = 0.0
-            metrics["personal-loss"] = 1e300
-        if pid == 1 and rnd == 2:
-            metrics["num-examples"] += 1
+            lie(metrics)
 
-    report = run_local(run, NODES, client_app=tampering_app(run, None, lie))
-    drops = Counter(r for e in report.rounds for r in e.dropped)
-    assert sum(n for r, n in drops.items() if "known claims" in r) == 2  # rounds 1 and 2
-    assert sum(n for r, n in drops.items() if "differs from the" in r) == 1
+    return tamper
+
+
+def pooled(rows: dict, weights: dict, key: str) -> float:
+    return sum(weights[p] * rows[p][key] for p in rows) / sum(weights.values())
+
+
+def test_a_low_evaluation_claim_in_a_two_node_federation_moves_accuracy_by_its_share():
+    """Issue 45: in a 2-node evaluation node 0 claimed 1 test example and accuracy 1.0; the
+    honest node's claim was then above 100 x the claims' lower median, dropped, and the pooled
+    accuracy read 1.00 (clean .86). Now both rows are kept, the honest one weighed
+    min(n, kappa x 1): the pooled accuracy is the weighted mean computed here, within the
+    liar's share 1 / (kappa + 1) of the honest node's own."""
+    run = {**RUN, "algorithm": "fedavg", "num-server-rounds": 1, "evaluate-every": 1}
+    rows: dict = {}
+
+    def lie(metrics):
+        metrics.update({"num-examples": 1, "personal-accuracy": 1.0, "global-accuracy": 1.0})
+
+    report = run_local(run, 2, client_app=tampering_app(run, None, lying_evaluation(lie, rows)))
     final = report.final
-    assert final["clients"] == NODES - 2
-    assert final["personal-accuracy-worst"] <= final["personal-accuracy"] <= 1
-    assert final["personal-loss"] < 100
+    assert final["clients"] == 2 and final["claims-capped"] == 1
+    assert not any(e.dropped for e in report.rounds)
+    weights = {0: 1.0, 1: min(rows[1]["num-examples"], 10.0 * 1)}
+    lied = {0: {**rows[0], "personal-accuracy": 1.0}, 1: rows[1]}
+    assert final["personal-accuracy"] == pytest.approx(pooled(lied, weights, "personal-accuracy"))
+    move = final["personal-accuracy"] - rows[1]["personal-accuracy"]
+    assert 0 <= move <= 1 / 11 + 1e-12
+
+
+def test_a_high_evaluation_claim_moves_the_pooled_accuracy_by_its_bounded_share():
+    """Issue 45: one node of ten claiming 95 x its test set with accuracy 1.0 moved the
+    pooled accuracy .60 -> .96. Its claim is capped at kappa x the lower median of the
+    first evaluation claims (computed here): the pooled accuracy is the mean with those
+    weights, and moves from the honest pooled one by at most the liar's share, at most
+    kappa m / (kappa m + sum of the honest min(n, m))."""
+    run = {**RUN, "algorithm": "fedavg", "num-server-rounds": 1, "evaluate-every": 1}
+    rows: dict = {}
+
+    def lie(metrics):
+        metrics["num-examples"] *= 95
+        metrics["personal-accuracy"] = 1.0
+
+    report = run_local(run, 10, client_app=tampering_app(run, None, lying_evaluation(lie, rows)))
+    final = report.final
+    sizes = {p: float(r["num-examples"]) for p, r in rows.items()}
+    claims = sorted([95 * sizes[0], *(n for p, n in sizes.items() if p != 0)])
+    m = claims[5 - 1]  # the lower median of ten
+    weights = {**sizes, 0: min(95 * sizes[0], 10 * m)}
+    lied = {**rows, 0: {**rows[0], "personal-accuracy": 1.0}}
+    assert final["personal-accuracy"] == pytest.approx(pooled(lied, weights, "personal-accuracy"))
+    honest = {p: r for p, r in rows.items() if p != 0}
+    clean = pooled(honest, {p: sizes[p] for p in honest}, "personal-accuracy")
+    share = weights[0] / sum(weights.values())
+    assert share <= 10 * m / (10 * m + sum(min(sizes[p], m) for p in honest))
+    assert 0 <= final["personal-accuracy"] - clean <= share + 1e-12
+    assert final["claims-capped"] == 1
+
+
+def test_a_loss_below_zero_is_dropped_and_a_huge_one_counts_at_most_c_times_an_honest_one():
+    """Issue 45: one node of ten, its size truthful, moved the pooled loss from 1.50 to
+    -4.95 (or anywhere it chose): a loss below 0 is now dropped and counted. A loss of 1e6
+    is clipped at LOSS_CLIP x the lower median of the round's losses (computed here): the
+    pooled loss rises above the honest one by at most the liar's share x LOSS_CLIP x the
+    largest honest loss. In a 2-node federation, claiming 1e9 test examples too, it
+    still counts for at most LOSS_CLIP x the honest node's loss."""
+    from pflower.strategies.history import LOSS_CLIP
+
+    run = {**RUN, "algorithm": "fedavg", "num-server-rounds": 1, "evaluate-every": 1}
+    rows: dict = {}
+    below = run_local(
+        run,
+        10,
+        client_app=tampering_app(
+            run, None, lying_evaluation(lambda m: m.update({"personal-loss": -4.95}), rows)
+        ),
+    )
+    assert reasons(below)["metric 'personal-loss'"] == 1 and below.final["clients"] == 9
+    honest = {p: r for p, r in rows.items() if p != 0}
+    sizes = {p: float(r["num-examples"]) for p, r in rows.items()}
+    clean = pooled(honest, {p: sizes[p] for p in honest}, "personal-loss")
+    assert below.final["personal-loss"] == pytest.approx(clean)
+
+    huge = run_local(
+        run,
+        10,
+        client_app=tampering_app(
+            run, None, lying_evaluation(lambda m: m.update({"personal-loss": 1e6}), rows)
+        ),
+    )
+    losses = sorted([1e6, *(r["personal-loss"] for r in honest.values())])
+    ceiling = LOSS_CLIP * losses[5 - 1]
+    clipped = {**rows, 0: {**rows[0], "personal-loss": ceiling}}
+    assert huge.final["personal-loss"] == pytest.approx(pooled(clipped, sizes, "personal-loss"))
+    share = sizes[0] / sum(sizes.values())
+    top = max(r["personal-loss"] for r in honest.values())
+    assert huge.final["personal-loss"] - clean <= share * LOSS_CLIP * top
+    assert huge.final["losses-clipped"] == 1
+
+    rows.clear()
+    two = run_local(
+        run,
+        2,
+        client_app=tampering_app(
+            run,
+            None,
+            lying_evaluation(lambda m: m.update({"personal-loss": 1e9, "num-examples": 1e9}), rows),
+        ),
+    )
+    assert two.final["personal-loss"] <= LOSS_CLIP * rows[1]["personal-loss"] * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("nodes", [1, 2])
@@ -312,10 +418,12 @@ def test_an_evaluation_reply_without_an_accuracy_in_a_small_round_is_no_crash(no
 def test_start_up_answers_that_are_no_counts_are_ignored_and_a_lie_is_bounded():
     """The start-up query (partition ids, PFLEGO's num-train): a NaN, fractional or
     negative partition id and an infinite num-train are no counts, ignored (``int(nan)``
-    stopped the server before round 1); a num-train of 1e12 among nodes of ~300 is above
-    100 x the claims' lower median and ignored, so it never enters PFLEGO's sum_j N_j (it
-    scaled every honest gradient by ~1e-10)."""
+    stopped the server before round 1); a num-train of 1e12 among nodes of ~300 is that
+    node's first claim, and it enters PFLEGO's sum_j N_j capped at kappa x the lower median
+    of the first claims (taken as it was, it scaled every honest gradient by ~1e-10)."""
     from flwr.app import MetricRecord
+
+    from pflower.strategies.pflego import PFLEGO
 
     answers = {
         0: {"partition-id": float("nan"), "num-train": 1e12},
@@ -333,11 +441,13 @@ def test_start_up_answers_that_are_no_counts_are_ignored_and_a_lie_is_bounded():
 
     grid = LocalGrid(app, 5)
     node_of = {int(c.node_config["partition-id"]): n for n, c in grid.contexts.items()}
-    strategy = FedAvg()
-    strategy.query_num_train = True
+    strategy = PFLEGO()
     strategy.learn_partitions(grid, timeout=5)
     assert strategy.partition_of == {node_of[3]: 3, node_of[4]: 4}
-    assert strategy.num_train_of == {node_of[2]: 300, node_of[3]: 280, node_of[4]: 310}
+    sizes = {node_of[0]: 1e12, node_of[2]: 300, node_of[3]: 280, node_of[4]: 310}
+    assert strategy.num_train_of == sizes
+    # kappa x the lower median (the 2nd smallest of 280, 300, 310, 1e12)
+    assert strategy.num_train_total == 300 + 280 + 310 + 10 * 300
     run = {**RUN, "algorithm": "pflego"}  # and a run whose nodes answer so goes on
     honest = build_client_app(run)
 

@@ -27,6 +27,7 @@ from pflower.server_app import run as run_on
 from pflower.strategies import FedAvg, build_run_model, wire_split
 from pflower.strategies.aggregators import Krum, Mean, make_aggregator
 from pflower.strategies.checks import (
+    CLAIM_FACTOR,
     ClaimBound,
     RunFailed,
     UpdateNormBound,
@@ -46,6 +47,9 @@ ALGORITHMS = {
     "pflego": {"algorithm": "pflego"},
 }
 REPLY_KEYS = ("arrays", "delta", "gradient")
+#: kappa, the claim cap's multiple of the first claims' lower median (the threat model's 10)
+KAPPA = 10.0
+assert CLAIM_FACTOR == KAPPA
 
 
 def attacking_app(overrides, attack=None, received=None, claim=None) -> ClientApp:
@@ -160,16 +164,63 @@ def test_a_byzantine_minority_cannot_raise_the_reference_above_the_honest_norms(
         assert bound.reference.get(False, 0.0) <= max(1.0 / 1000, largest_honest)
 
 
-def test_a_claim_far_above_the_known_ones_is_refused_even_in_a_two_reply_round():
-    claims = ClaimBound()
-    # the first round: two replies, the liar's claim 1e6 x the honest one
-    assert set(claims.outliers({1: 90.0, 2: 9e7}, {})) == {2}
-    claims.claimed[1] = 90.0
-    # later: a newcomer within 100 x the known claims' lower median passes, a liar does not
-    assert claims.outliers({3: 8000.0}, {}) == {}
-    assert set(claims.outliers({4: 9001.0 * 10}, {})) == {4}
-    # honest heterogeneity well inside the factor: nobody dropped
-    assert claims.outliers({5: 10.0, 6: 900.0}, {}) == {}
+def test_claims_are_capped_against_a_pool_that_liars_cannot_move_out_of_the_honest_range():
+    """Rounds of 1 to 6 replies from 11 nodes, up to 5 of them liars claiming 1, 1e12 or
+    anything, afresh each round (a liar may claim other than its first). Against numbers
+    computed here: every weight is min(claim, the node's first claim, kappa x m), m the
+    lower median of the first claims of the nodes seen so far, each once; while liars are
+    fewer than half of those nodes m lies between two honest first claims, so a liar weighs
+    at most kappa x the largest honest one and cannot get an honest weight capped below m;
+    a round whose honest claims are all at least m gives its f liars at most
+    f kappa / (f kappa + N - f) of the weights (the threat model's statement)."""
+    rng = random.Random(3)
+    for _ in range(300):
+        bound = ClaimBound()
+        liars = set(rng.sample(range(11), rng.randint(0, 5)))
+        size = {n: float(rng.randint(10, 900)) for n in range(11)}
+        first: dict[int, float] = {}
+        for _ in range(8):
+            nodes = rng.sample(range(11), rng.randint(1, 6))
+            claims = {
+                n: rng.choice([1.0, 1e12, rng.uniform(1, 1e6)]) if n in liars else size[n]
+                for n in nodes
+            }
+            for n in nodes:
+                first.setdefault(n, claims[n])
+            pool = sorted(first.values())
+            m = pool[math.ceil(len(pool) / 2) - 1]
+            weights = bound.weigh(claims, {})
+            for n in nodes:
+                expected = min(claims[n], first[n], KAPPA * m)
+                assert weights[n] == (expected, weights[n][1])
+                assert bool(weights[n][1]) == (expected < claims[n])
+            honest_first = [c for n, c in first.items() if n not in liars]
+            if 2 * (len(first) - len(honest_first)) >= len(first):
+                continue  # liars are half the nodes known or more: no statement
+            assert min(honest_first) <= m <= max(honest_first)
+            honest = [n for n in nodes if n not in liars]
+            f = len(nodes) - len(honest)
+            if all(size[n] >= m for n in honest):
+                share = sum(weights[n][0] for n in nodes if n in liars)
+                share /= sum(weights[n][0] for n in nodes)
+                assert share <= f * KAPPA / (f * KAPPA + len(honest)) * (1 + 1e-12)
+
+
+def test_max_num_examples_is_an_absolute_cap_and_start_up_claims_are_first_claims():
+    bound = ClaimBound(max_num_examples=500)
+    # the relative cap is off: a claim up to 500 weighs its claim, whatever the others say
+    assert bound.weigh({1: 1.0, 2: 480.0}, {}) == {1: (1.0, ""), 2: (480.0, "")}
+    weights = bound.weigh({3: 1e9, 1: 2.0}, {})
+    assert weights[3][0] == 500.0 and weights[1][0] == 1.0  # node 1 stays at its first, 1
+    assert bound.cap({}) == 500.0
+    # a start-up size is the node's first claim and joins the pool (PFLEGO's sum_j N_j)
+    bound = ClaimBound()
+    known = {1: 100.0, 2: 120.0, 3: 1e12}
+    assert bound.cap(known) == KAPPA * 120.0
+    assert bound.weigh({3: 1e12, 2: 130.0}, known) == {
+        3: (KAPPA * 120.0, bound.weigh({3: 1e12}, known)[3][1]),
+        2: (120.0, bound.weigh({2: 130.0}, known)[2][1]),
+    }
 
 
 def test_multi_krum_refuses_m_above_n_minus_f_on_every_call():
@@ -358,16 +409,67 @@ def test_a_lone_attacker_before_seeding_cannot_raise_the_scale(monkeypatch):
     assert rounds[-1][3][True] <= max(s_1 / 1000, honest) * (1 + 1e-12)
 
 
-def test_a_lie_about_num_examples_from_the_first_reply_of_a_two_node_federation():
-    """Node 0 claims 1e6 x its examples from its very first reply, in 2-reply rounds: it
-    meets the other node's claim, not its own, and is dropped every round."""
-    run = {**RUN, "algorithm": "fedavg"}
+@pytest.mark.parametrize("claim", [1, 10**9])
+def test_a_liars_claim_in_a_two_node_federation_is_capped_and_the_honest_node_kept(claim):
+    """Node 0 claims ``claim`` from its first reply on, in 2-reply rounds (FedAvg, no robust
+    rule: the mean is exact). A claim of 1 used to get the honest node dropped every round
+    (.86 -> .10; the claims' lower median was the liar's). Now nothing is dropped, and the
+    mean weighs the updates min(claim, kappa m) and min(n, kappa m), m the smaller claim:
+    the liar holds kappa / (kappa + 1) of the weight with a high claim, and with a low one
+    the honest node holds that much."""
+    run = {**RUN, "algorithm": "fedavg", "num-server-rounds": 1, "robust-aggregator": "none"}
+    run["evaluate-every"] = 1
+    updates, sizes, sent_model = {}, {}, {}
 
-    app = attacking_app(run, claim=lambda pid, n: n * 10**6 if pid == 0 else n)
-    bad = run_local(run, 2, client_app=app)
-    silent = run_on(LocalGrid(build_client_app(run), 2, silent=[0]), Config.from_run_config(run))
-    assert drops(bad, "known claims") == 2
-    assert all(np.array_equal(bad.shared[k], silent.shared[k]) for k in bad.shared)
+    def watch(pid, rnd, vector, sent):
+        updates[pid] = vector
+        sent_model.update({k: v for k, v in sent.items() if k != "config"})
+
+    def lie(pid, n):
+        sizes[pid] = n
+        return claim if pid == 0 else n
+
+    report = run_local(run, 2, client_app=attacking_app(run, watch, claim=lie))
+    (entry,) = [e for e in report.rounds if e.train]
+    assert not entry.dropped and entry.train["applied"] == 2 and entry.train["claims-capped"] == 1
+    m = min(claim, sizes[1])
+    w = {0: min(claim, KAPPA * m), 1: min(sizes[1], KAPPA * m)}
+    share = w[0] / (w[0] + w[1])
+    assert share == pytest.approx(KAPPA / (KAPPA + 1) if claim > sizes[1] else 1 / (KAPPA + 1))
+    for k, theta in sent_model.items():
+        mean = (w[0] * updates[0][k].astype(np.float64) + w[1] * updates[1][k]) / (w[0] + w[1])
+        np.testing.assert_allclose(report.shared[k], theta - mean, rtol=1e-5, atol=1e-6)
+
+
+def test_low_claims_do_not_seed_the_update_norm_reference(monkeypatch):
+    """Issue 45: 2 of the first 4 repliers claimed 1 and sent updates at half the first
+    round's bound S; the honest claims were then above 100 x the claims' lower median and
+    dropped before the norm statistics, and R was seeded by the liars' norms (9 324 x the
+    largest honest update's). Now a claim drops nothing, the norms' lower median sees all
+    four replies, and R is at most the largest honest update norm."""
+    run = {**RUN, "algorithm": "fedavg", "robust-aggregator": "none"}
+    honest_norms: list[float] = []
+
+    def attack(pid, rnd, vector, sent):
+        if pid >= 2:
+            honest_norms.append(norm(vector))
+            return None
+        target = 0.5 * first_bound(sent, False)
+        return {k: target / norm(vector) * v for k, v in vector.items()}
+
+    strategies = []
+    real = PersonalizedStrategy.bound_updates
+
+    def keep(self, server_round, current, updates):
+        strategies.append(self)
+        return real(self, server_round, current, updates)
+
+    monkeypatch.setattr(PersonalizedStrategy, "bound_updates", keep)
+    app = attacking_app(run, attack, claim=lambda pid, n: 1 if pid < 2 else n)
+    report = run_local(run, 4, client_app=app)
+    assert not any(e.dropped for e in report.rounds)
+    (reference,) = strategies[-1].update_norm_reference.values()
+    assert reference <= max(honest_norms)
 
 
 def test_byzantine_clients_during_pretraining_meet_the_robust_rule():

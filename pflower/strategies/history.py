@@ -1,7 +1,15 @@
 """Round history and per-client summaries (what results.json and the summary table are
 written from): the training metrics of a round, the evaluation statistics of DESIGN.md's
 protocol (pooled, mean, p10/p50/p90, worst, clients hurt), drops with their reasons, and
-the bytes each round put on the wire (``WireCount``)."""
+the bytes each round put on the wire (``WireCount``).
+
+**Pooled figures a liar cannot steer.** Every row's ``num-examples`` is its bounded weight
+(``checks.ClaimBound``); every loss and RMSE (``wire.is_loss``) is clipped at
+``LOSS_CLIP`` x the lower median of the round's values of that metric before anything is
+pooled or averaged (``clip_losses``), and the metrics were range-checked on arrival (a loss
+below 0, an accuracy outside [0, 1]: dropped; ``wire.metrics_problem``). While liars are at
+most half of a round's rows the lower median is at most an honest value, so a liar's loss
+counts for at most ``LOSS_CLIP`` x an honest loss, with its bounded share of the weights."""
 
 from __future__ import annotations
 
@@ -13,7 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import Message
 
-from pflower.wire import CONFIG, NUM_EXAMPLES, SERVER_ROUND
+from pflower.strategies.checks import lower_median
+from pflower.wire import CONFIG, NUM_EXAMPLES, SERVER_ROUND, is_loss
 
 
 @dataclass
@@ -109,12 +118,41 @@ class WireCount:
 
 #: a round's client compute: sum over its replies of data-passes x num-examples
 EXAMPLES_PROCESSED = "examples-processed"
+#: c: a pooled loss or RMSE takes each row's value clipped at c x the lower median of the
+#: round's values of that metric. Honest per-client losses are heavy-tailed where most
+#: clients fit their data: PFLEGO's reached 270 x the lower median (20 clients, 30
+#: rounds), and a clip at 10 x (100 x) lowered its honest pooled loss by 90 % (57 %);
+#: 1000 x clipped none (``benchmarks/claim_weights.py --losses``)
+LOSS_CLIP = 1000.0
+#: how many loss values ``clip_losses`` clipped, in a round's metrics when some were
+LOSSES_CLIPPED = "losses-clipped"
+
+
+def clip_losses(rows: list[dict[str, float]]) -> tuple[list[dict[str, float]], int]:
+    """The rows with each loss and RMSE (``wire.is_loss``) clipped at ``LOSS_CLIP`` x the
+    lower median of the rows' values of that metric, and how many values were clipped.
+    The lower median is at most an honest value while at most half of the rows lie (the
+    ceiling cannot be raised); losses are >= 0, so a low liar moves a mean by at most its
+    share of it."""
+    ceilings = {}
+    for key in {k for r in rows for k in r if is_loss(k)}:
+        values = [r[key] for r in rows if key in r and math.isfinite(r[key])]
+        if values:
+            ceilings[key] = LOSS_CLIP * lower_median(values)
+    clipped, out = 0, []
+    for r in rows:
+        over = {k: c for k, c in ceilings.items() if k in r and r[k] > c}
+        clipped += len(over)
+        out.append({**r, **over} if over else r)
+    return out, clipped
 
 
 def weighted_mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
-    """Mean of the numeric metrics of the replies, weighted by ``num-examples``; and the
-    round's total ``examples-processed`` (each reply's ``data-passes`` times its
-    ``num-examples``: the examples its client took through the model)."""
+    """Mean of the numeric metrics of the replies, weighted by ``num-examples`` (their
+    bounded weights), losses clipped (``clip_losses``); and the round's total
+    ``examples-processed`` (each reply's ``data-passes`` times its ``num-examples``: the
+    examples its client took through the model)."""
+    rows, clipped = clip_losses(rows)
     weights = np.asarray([r[NUM_EXAMPLES] for r in rows], dtype=float)
     out = {NUM_EXAMPLES: float(weights.sum())}
     passes = [
@@ -122,7 +160,7 @@ def weighted_mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
         for r, n in zip(rows, weights)
         if isinstance(r.get("data-passes"), (int, float)) and np.isfinite(r["data-passes"])
     ]
-    if passes:
+    if passes and math.isfinite(sum(passes)):
         out[EXAMPLES_PROCESSED] = float(sum(passes))
     keys = {k for r in rows for k, v in r.items() if isinstance(v, (int, float))} - {
         NUM_EXAMPLES,
@@ -136,15 +174,21 @@ def weighted_mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
                 mean = float(np.average(values, weights=ws))
             if math.isfinite(mean):  # finite values near 1e308 may sum past it: left out
                 out[key] = mean
+    if clipped:
+        out[LOSSES_CLIPPED] = clipped
     return out
 
 
 def summarize_clients(rows: list[dict[str, float]]) -> dict[str, float]:
-    """Pooled and per-client statistics of personalized (and global) test accuracy and loss;
-    a statistic that overflows (finite losses near 1e308 from a bad client) is left out,
-    never written as ``Infinity`` into ``results.json``."""
+    """Pooled and per-client statistics of personalized (and global) test accuracy and loss,
+    weighted by the rows' ``num-examples`` (their bounded weights), losses clipped
+    (``clip_losses``); a statistic that overflows (finite losses near 1e308 from a bad
+    client) is left out, never written as ``Infinity`` into ``results.json``."""
+    rows, clipped = clip_losses(rows)
     with np.errstate(over="ignore", invalid="ignore"):
         out = _summary(rows)
+    if clipped:
+        out[LOSSES_CLIPPED] = clipped
     return {k: v for k, v in out.items() if math.isfinite(v)}
 
 

@@ -27,7 +27,6 @@ from flwr.serverapp import Grid
 from pflower.flower_dispatch import index_message_dispatch
 from pflower.flower_waits import cap_pull_backoff
 from pflower.settings import ConfigError
-from pflower.strategies.checks import ClaimBound
 from pflower.task.fingerprint import OWN_LOADERS
 from pflower.wire import (
     CONFIG,
@@ -414,14 +413,10 @@ class NodeSampling:
                 NUM_PARTITIONS: _count(metrics.get(NUM_PARTITIONS)),
                 **{k: _fact((facts or {}).get(k)) for k in (DATA_KIND, MODEL_FINGERPRINT)},
             }
-        # a start-up claim weighs every round (PFLEGO's sum_j N_j): the claims bound holds it
-        # as it holds the replies' (100 x the claims' lower median); a node whose claim is
-        # not believed has none known, and its replies' claims meet the bound round by round;
-        # a node asked later meets the claims known (at start-up: none yet)
-        outliers = ClaimBound().outliers(sizes, self.num_train_of)
-        for node, reason in sorted(outliers.items()):
-            log.warning("node %d: start-up num-train ignored: %s", node, reason)
-        self.num_train_of.update((n, c) for n, c in sizes.items() if n not in outliers)
+        # a start-up claim is its node's first claim: it weighs every round (PFLEGO's
+        # sum_j N_j) as the claim bound weighs it, never above 10 x the lower median of the
+        # nodes' first claims (``checks.ClaimBound``), whatever it says
+        self.num_train_of.update(sizes)
         return list(answered)
 
     def _settle(self, answered: Sequence[int], connected: int) -> dict:

@@ -218,8 +218,13 @@ class PFLEGO(PersonalizedStrategy):
 
     @property
     def num_train_total(self) -> float:
-        """sum_j N_j over the I trainable clients (held-out ones excluded)."""
-        return float(sum(n for node, n in self.num_train_of.items() if node not in self.held))
+        """sum_j N_j over the I trainable clients (held-out ones excluded), each N_j its
+        start-up claim bounded as the replies' weights are (``checks.ClaimBound.cap``): one
+        node's claim of 1e12 scaled every honest alpha_i by ~1e-10."""
+        cap = self.claims.cap(self.num_train_of)
+        return float(
+            sum(min(n, cap) for node, n in self.num_train_of.items() if node not in self.held)
+        )
 
     def aggregate(
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]

@@ -8,8 +8,9 @@ message-API ``Strategy``):
 - checks every reply before aggregation (``checks.ReplyChecks``): a reply that is an error,
   lacks the algorithm's reply key (``arrays``, ``delta`` or ``gradient``), carries other
   records, other names, shapes or dtypes than the shared parameters, non-finite values, or
-  no believable ``num-examples`` is **dropped and counted** (logged with its node id); the
-  update-norm and claim bounds hold at every round size; the round goes on. (Flower's own
+  metrics out of range is **dropped and counted** (logged with its node id); a
+  ``num-examples`` claim is a weight, capped (``checks.ClaimBound``), never a reason to drop;
+  the update-norm and claim bounds hold at every round size; the round goes on. (Flower's own
   ``FedAvg`` raises on inconsistent replies: one bad client would stop the run.)
 - sends the handshake (``algorithm``, ``settings-fingerprint``) with every message;
 - aggregates evaluation per DESIGN.md: pooled accuracy, mean over clients, p10/p50/p90,
@@ -55,7 +56,7 @@ from flwr.serverapp.strategy import Strategy
 
 from pflower.settings import RunSettings
 from pflower.strategies.aggregators import Aggregator
-from pflower.strategies.checks import ReplyChecks
+from pflower.strategies.checks import CLAIMS_CAPPED, ReplyChecks
 from pflower.strategies.combine import (
     AdaptiveClipping,
     adaptive_clipping,
@@ -138,8 +139,8 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
 
     **Threat model** (``pflower.strategies.checks`` states each bound's guarantee). Without a
     robust rule pflower tolerates *broken* clients: errors, missing or extra records, wrong
-    names, shapes or dtypes, NaN/Inf, bad or inconsistent ``num-examples``, malformed metrics,
-    and finite outliers beyond the update-norm bound, at every round size; a Byzantine
+    names, shapes or dtypes, NaN/Inf, malformed metrics, any ``num-examples`` (a bounded
+    weight), and finite outliers beyond the update-norm bound, at every round size; a Byzantine
     minority can move a mean by at most its weight times the bound per round. Colluding
     clients whose updates stay within the honest spread (ALIE, IPM, label flipping) need a
     robust rule (``robust``) and enough replies for its breakdown point; a round with too
@@ -241,10 +242,12 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         ``g``: the reference grows by at most this factor per round, so no sequence of
         replies can walk it up faster (after r rounds ``R <= g^r S / K``).
     max_num_examples : int (default: ``max-num-examples``)
-        Drop a reply claiming more training examples than this; 0: more than 100 times the
-        lower median of the claims known (every node's first accepted claim and this round's),
-        at every round size. Independently, a node's claim must equal what it reported at
-        start-up (when the strategy asked) or in its first accepted reply.
+        A reply's weight (its ``num-examples`` claim) is at most this; 0: at most
+        ``checks.CLAIM_FACTOR`` (10) times the lower median of the nodes' first claims, every
+        node counted once (``checks.ClaimBound``). Either way a claim above it is capped,
+        never dropped, and a node weighs at most what it reported at start-up (when the
+        strategy asked) or in its first weighed reply. Set it above every honest size to
+        weigh each reply by its claim (the papers' weights).
     max_failed_rounds : int (default: ``max-failed-rounds``)
         Stop the run (``checks.RunFailed``, with the drop reasons) after this many
         consecutive training rounds that applied no reply; 0: never.
@@ -749,7 +752,8 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         return {k: current[k].astype(np.float64) - step[k] for k in current}
 
     def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
-        """The round's training metrics: the replies' metrics weighted by num-examples."""
+        """The round's training metrics: the replies' metrics weighted by their bounded
+        num-examples, losses clipped (``history.weighted_mean_metrics``)."""
         return weighted_mean_metrics([u.metrics for u in updates])
 
     def aggregate_train(
@@ -773,6 +777,8 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             "applied": len(updates),
             "dropped": len(replies) - len(updates),
         }
+        if self.train_claims_capped:  # kept, weighed at the cap (``checks.ClaimBound``)
+            metrics[CLAIMS_CAPPED] = self.train_claims_capped
         if not updates and self.central_dp:  # issue 46: still a release, noised and counted
             return self._release_nothing(server_round, current, metrics, entry)
         if not updates:
@@ -861,7 +867,6 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             metrics = self._metrics(server_round, msg, [NUM_EXAMPLES, "personal-loss"])
             if metrics is not None:
                 rows.append((self.sender(msg), metrics))
-        rows = self.check_evaluate_claims(server_round, rows)
         # the metrics most clients report (accuracies for a classifier...) every row must
         # have: one reply without them is dropped, not a KeyError in the summary
         counts: dict[str, int] = {}
@@ -875,11 +880,15 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             if missing:
                 self._drop(server_round, node, f"metric {missing[0]!r} missing")
             else:
-                kept.append(metrics)
-        rows = kept
+                kept.append((node, metrics))
+        # each row weighs by its bounded claim (its metrics carry it); losses are clipped in
+        # the summary (``history.summarize_clients``)
+        rows = [metrics for _, metrics in self.check_evaluate_claims(server_round, kept)]
         if not rows:
             return None
         summary = summarize_clients(rows)
+        if self.eval_claims_capped:
+            summary[CLAIMS_CAPPED] = self.eval_claims_capped
         self._log(server_round).evaluate = summary
         if server_round == self.num_rounds:
             self.final_clients = rows
