@@ -102,10 +102,8 @@ class APFLSettings(Settings):
         ge=0,
         le=1,
         description=(
-            "APFL's initial (or fixed) α. The paper's synthetic runs start at 0.01; from there the "
-            "adaptive α collapses to 0 for many clients on pathological splits (v then stops "
-            "moving: its step carries the factor α) and APFL personalizes nothing, hence 0.5 "
-            "(Benchmarks: APFL)"
+            "APFL's initial (or fixed) α: 0.5, the authors' code's value. The paper's synthetic "
+            "runs start at 0.01, where v barely moves at first (its step carries the factor α)"
         ),
     )
     apfl_adaptive: bool = Field(

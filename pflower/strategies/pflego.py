@@ -29,12 +29,13 @@ I / r_t factor). ``pflego-local-labels``: a K_i-class head over the client's own
 prints (default off: Alg. 1 and the code). ``pflego-freeze-body``: the server never moves
 theta, so the same heads take the same steps on the body's random init: the random-features
 baseline that tells what the trained body adds (issue 47: under DP the noised body stays near
-its init, and PFLEGO's heads on it beat every trained body). r_t is the number of usable replies (realised);
-the head step uses the number of sampled clients (the client cannot know r_t). I counts the
-clients that can be sampled: with ``holdout-fraction`` the held-out clients (evaluated as new
-clients, never trained) are no part of L, so they count in neither I, r nor sum_j N_j. A round
-with no usable reply leaves theta unchanged. The passes over the whole local set (Phi, the
-exact gradient) go in chunks of ``eval-batch-size`` examples, so memory stays bounded.
+its init, and PFLEGO's heads on it beat every trained body). r_t is the number of usable
+replies (realised); the head step uses the number of sampled clients (the client cannot know
+r_t). I counts the clients that can be sampled: with ``holdout-fraction`` the held-out
+clients (evaluated as new clients, never trained) are no part of L, so they count in neither
+I, r nor sum_j N_j. A round with no usable reply leaves theta unchanged. The passes over
+the whole local set (Phi, the exact gradient) go in chunks of ``eval-batch-size`` examples,
+so memory stays bounded.
 
 Evaluation: the personalized model is the client's stored head on the current body (a client
 without one, never sampled yet, is a new client); the "global" model is what a brand-new
