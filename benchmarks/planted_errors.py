@@ -102,7 +102,7 @@ PLANTS = [
     Plant(
         "apfl: v_bar mixes the moving w_i under apfl-mix-with = global (issue 47's collapse)",
         S + "apfl.py",
-        [('w_bar = received if cfg.apfl_mix_with == "global" else w_now', "w_bar = w_now")],
+        [("w_bar = received if mix_received else w_now", "w_bar = w_now")],
         [T + "test_exact_apfl.py", T + "test_apfl.py"],
     ),
     Plant(

@@ -299,7 +299,8 @@ class APFLClient(ClientHalf):
         total, examples = 0.0, 0
         job.model.train()
         # v_bar's w: the round's received one, or each step's starting w_i (apfl-mix-with)
-        received = {n: p.detach().clone() for n, p in params.items()}
+        mix_received = cfg.apfl_mix_with == "global"
+        received = {n: p.detach().clone() for n, p in params.items()} if mix_received else {}
         for k, (x, y) in enumerate(training._cycle(job.train_loader, steps)):
             x, y = x.to(job.device), y.to(job.device)
             eta = lr0 * cfg.apfl_lr_decay ** (first_step + k)
@@ -307,7 +308,7 @@ class APFLClient(ClientHalf):
             if train_w:
                 loss_w = criterion(job.model(x), y)
                 g_w = torch.autograd.grad(loss_w, list(params.values()))
-            w_bar = received if cfg.apfl_mix_with == "global" else w_now
+            w_bar = received if mix_received else w_now
             loss_bar = self._mixed_loss(job, v, a, w_bar, x, y)
             wrt = [*v.values(), *([a] if adaptive else [])]
             grads = torch.autograd.grad(loss_bar, wrt)
