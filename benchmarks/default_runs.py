@@ -8,7 +8,8 @@ pyproject.toml) with only ``algorithm`` changed, as ``flwr run . --run-config
     python benchmarks/default_runs.py --set classes-per-client=5 \
         --out benchmarks/results/default-runs-5c.md   # the tests' second setting
 
-Writes a Markdown table (personalized / global pooled test accuracy, rounds, seconds) to
+Writes a Markdown table (personalized / the personal part alone / global pooled test
+accuracy, APFL's alpha over the clients, rounds, seconds) to
 ``benchmarks/results/default-runs.md``. The sample is pinned to ``sample-seed`` 0 (the stream
 the table was measured with), so that the table reproduces; ``flwr run .`` samples in secret
 (``sample-seed = -1``, the default) and its numbers vary from run to run.
@@ -50,8 +51,9 @@ def main() -> None:
     extra = tomllib.loads("\n".join(args.set))  # "k=v" lines are TOML
     logging.disable(logging.CRITICAL)
     rows = [
-        "| algorithm | personalized (%) | global (%) | rounds | seconds (wall) | CPU s |",
-        "|---|---|---|---|---|---|",
+        "| algorithm | personalized (%) | local part alone (%) | global (%) | α mean [min, max] "
+        "| rounds | seconds (wall) | CPU s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for algorithm in args.algorithms:
         config = {
@@ -67,17 +69,23 @@ def main() -> None:
             with contextlib.redirect_stdout(io.StringIO()):  # each run's own summary table
                 report = run_local(config, args.nodes)
         except Exception as err:  # noqa: BLE001 - a table row says what happened
-            rows.append(f"| {algorithm} | error: {err} | | | | |")
+            rows.append(f"| {algorithm} | error: {err} | | | | | | |")
             print(rows[-1], flush=True)
             continue
         final = report.final
         pers = 100 * final.get("personal-accuracy", float("nan"))
         glob = 100 * final.get("global-accuracy", float("nan"))
+        part = 100 * final.get("local-part-accuracy", float("nan"))
+        alpha = (
+            f"{final['alpha-mean']:.2f} [{final['alpha-min']:.2f}, {final['alpha-max']:.2f}]"
+            if "alpha-mean" in final
+            else "–"
+        )
         rounds = f"{report.cfg.pretrain_rounds} + {report.cfg.num_server_rounds}"
         if algorithm in NEEDS:
             rounds += " (" + ", ".join(f"{k}={v}" for k, v in NEEDS[algorithm].items()) + ")"
         rows.append(
-            f"| {algorithm} | {pers:.2f} | {glob:.2f} | {rounds} | "
+            f"| {algorithm} | {pers:.2f} | {part:.2f} | {glob:.2f} | {alpha} | {rounds} | "
             f"{time.perf_counter() - wall:.1f} | {time.process_time() - cpu:.1f} |"
         )
         print(rows[-1], flush=True)

@@ -102,12 +102,12 @@ PLANTS = [
         S + "apfl.py",
         [
             (
-                "            loss_bar = self._mixed_loss(job, v, a, w_now, x, y)\n",
+                "            loss_bar = self._mixed_loss(job, v, a, w_bar, x, y)\n",
                 "            if train_w:\n"
                 "                with torch.no_grad():\n"
                 "                    for p, g in zip(params.values(), g_w):\n"
                 "                        p.add_(g, alpha=-eta)\n"
-                "            loss_bar = self._mixed_loss(job, v, a, w_now, x, y)\n",
+                "            loss_bar = self._mixed_loss(job, v, a, w_bar, x, y)\n",
             ),
             (
                 "                        p.add_(g, alpha=-eta)\n                for t",
@@ -115,6 +115,29 @@ PLANTS = [
             ),
         ],
         [T + "test_exact_apfl.py", T + "test_apfl.py"],
+    ),
+    Plant(
+        "apfl: v_bar mixes the moving w_i under apfl-mix-with = global (issue 47's collapse)",
+        S + "apfl.py",
+        [("w_bar = received if mix_received else w_now", "w_bar = w_now")],
+        [T + "test_exact_apfl.py", T + "test_apfl.py"],
+    ),
+    Plant(
+        "apfl: the evaluation's v alone (local-part) is the personalized mixture",
+        S + "apfl.py",
+        [
+            (
+                "alone = training.evaluate(_Mixture(job.model, v), job.test_loader, job.device)",
+                "alone = pers",
+            )
+        ],
+        [T + "test_apfl.py"],
+    ),
+    Plant(
+        "apfl: the alpha summary's min is the mean (a collapse to 0 would not show)",
+        "pflower/strategies/history.py",
+        [('for stat in ("mean", "min", "max"):', 'for stat in ("mean", "mean", "max"):')],
+        [T + "test_wire.py"],
     ),
     Plant(
         "apfl: step size decays with the local step only (not the global t)",
@@ -129,6 +152,12 @@ PLANTS = [
         [T + "test_exact_rounds.py", T + "test_apfl.py"],
     ),
     # --- PFLEGO -------------------------------------------------------------------------
+    Plant(
+        "pflego: pflego-freeze-body ignored (the body trains: no random-features baseline)",
+        S + "pflego.py",
+        [("        if self.freeze_body:", "        if False:")],
+        [T + "test_pflego.py"],
+    ),
     Plant(
         "pflego: a client without a stored head evaluated with the unfitted init",
         S + "pflego.py",

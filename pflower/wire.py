@@ -50,6 +50,13 @@ OMNISCIENT_TAG = "byzantine-omniscient"
 #: true in a node's training message after its replies were dropped for their values in
 #: consecutive rounds: the node starts this round from its personal init, not its stored state
 PERSONAL_RESET = "personal-reset"
+#: evaluation-reply metric tag (``local-part-loss``, ``-accuracy``) beside ``personal``,
+#: ``global`` and APFL's ``localized``: the algorithm's personal part on its own (APFL's v;
+#: a head method's stored personal head as its training left it, on the received body)
+LOCAL_PART = "local-part"
+#: evaluation-reply metric: the mixing weight of the client's personalized model (APFL's
+#: alpha), in [0, 1]; the server summarizes it per round (mean, min, max over clients)
+ALPHA = "alpha"
 
 
 class ConfigMismatch(ValueError):
@@ -198,8 +205,8 @@ def is_loss(key: str) -> bool:
 
 def metrics_problem(metrics: Mapping, required: tuple[str, ...] = (NUM_EXAMPLES,)) -> str:
     """Why a reply's metrics cannot be aggregated ('' if they can): a required key
-    missing, a value that is not a finite number, an accuracy outside [0, 1], a loss or
-    RMSE below 0 (``is_loss``: one client's -1e300 set the pooled loss), or a
+    missing, a value that is not a finite number, an accuracy or ``alpha`` outside [0, 1], a
+    loss or RMSE below 0 (``is_loss``: one client's -1e300 set the pooled loss), or a
     ``num-examples`` that is not a positive integer. The metric check every aggregating
     strategy applies (pflower's and ``RobustFedAvg``)."""
     for key in required:
@@ -210,7 +217,7 @@ def metrics_problem(metrics: Mapping, required: tuple[str, ...] = (NUM_EXAMPLES,
             return f"metric {key!r} is not a number"
         if not np.isfinite(value):
             return f"metric {key!r} is not finite"
-        if key.endswith("accuracy") and not 0 <= value <= 1:
+        if (key.endswith("accuracy") or key == ALPHA) and not 0 <= value <= 1:
             return f"metric {key!r} = {value} outside [0, 1]"
         if is_loss(key) and value < 0:
             return f"metric {key!r} = {value} below 0"

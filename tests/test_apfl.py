@@ -162,7 +162,31 @@ def test_a_new_client_fine_tunes_v_with_w_fixed():
     for n in w:  # the received w is left as it was
         torch.testing.assert_close(after[n], w[n])
     assert metrics["personal-loss"] < metrics["global-loss"]  # v was fitted to this client
-    assert "localized-accuracy" in metrics and "alpha" not in metrics  # alpha is personal
+    assert "localized-accuracy" in metrics and 0 <= metrics["alpha"] <= 1
+
+
+def test_evaluation_reports_v_alone_and_alpha():
+    """The evaluation's ``local-part`` is v on its own (alpha = 1), evaluated here by the
+    model's own forward with v's values loaded; ``alpha`` is the stored one; the model keeps
+    the received w."""
+    job = job_for({**APFL, "apfl-alpha": 0.3})
+    half = APFLClient()
+    half.train(job, {"lr": 0.05, "apfl-round": 1})
+    w = {n: t.clone() for n, t in get_tensors(job.model, _names(job)).items()}
+    v, alpha, _ = half._state(job)
+    metrics = half.evaluate(job, {"lr": 0.05})
+    assert metrics["alpha"] == alpha and alpha != 0.3  # it moved, and it is reported
+    set_tensors(job.model, v)
+    x, y = job.test_loader.dataset.tensors
+    with torch.no_grad():
+        out = job.model(x)
+    accuracy = float((out.argmax(1) == y).float().mean())
+    assert metrics["local-part-accuracy"] == pytest.approx(accuracy)
+    assert metrics["local-part-loss"] == pytest.approx(float(loss_fn(job.model)(out, y)), rel=1e-5)
+    set_tensors(job.model, w)
+    with torch.no_grad():
+        glob = job.model(x)
+    assert metrics["global-accuracy"] == pytest.approx(float((glob.argmax(1) == y).float().mean()))
 
 
 def test_data_passes_count_both_gradients_of_a_step():

@@ -4,9 +4,10 @@ logistic-regression forward and cross-entropy written here, plain torch autograd
 Per local step k (minibatch xi_k, eta_k = eta_0 * decay^(t0 + k), every gradient at the
 step's starting point):
     w     <- w - eta_k grad f(w; xi)
-    v     <- v - eta_k alpha grad f(v_bar; xi),          v_bar = alpha v + (1 - alpha) w
-    alpha <- Proj_[0,1](alpha - eta_k <v - w, grad f(v_bar; xi)>)
-('outputs' mixing: v_bar's logits = alpha f_v(x) + (1 - alpha) f_w(x), w detached.)
+    v     <- v - eta_k alpha grad f(v_bar; xi),          v_bar = alpha v + (1 - alpha) m
+    alpha <- Proj_[0,1](alpha - eta_k <v - m, grad f(v_bar; xi)>)
+with m the round's received w (``apfl-mix-with = "global"``) or the step's w (``local``).
+('outputs' mixing: v_bar's logits = alpha f_v(x) + (1 - alpha) f_m(x), m detached.)
 """
 
 from __future__ import annotations
@@ -32,21 +33,23 @@ def cross_entropy(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (torch.logsumexp(z, dim=1) - z[torch.arange(len(y)), y]).mean()
 
 
-def reference(w, v, alpha, batches, mixing, adaptive=True):
+def reference(w, v, alpha, batches, mixing, adaptive=True, mix_with="global"):
     names = list(w)
+    received = dict(w)
     for k, (x, y) in enumerate(batches):
         eta = ETA0 * DECAY ** ((ROUND - 1) * TAU + k)
         w_req = {n: t.clone().requires_grad_(True) for n, t in w.items()}
         g_w = torch.autograd.grad(cross_entropy(logits(w_req, x), y), [w_req[n] for n in names])
+        m = received if mix_with == "global" else w
         if mixing == "parameters":
-            bar = {n: (alpha * v[n] + (1 - alpha) * w[n]).requires_grad_(True) for n in names}
+            bar = {n: (alpha * v[n] + (1 - alpha) * m[n]).requires_grad_(True) for n in names}
             g_bar = torch.autograd.grad(cross_entropy(logits(bar, x), y), [bar[n] for n in names])
             g_v = [alpha * g for g in g_bar]
-            g_alpha = sum(((v[n] - w[n]) * g).sum() for n, g in zip(names, g_bar))
+            g_alpha = sum(((v[n] - m[n]) * g).sum() for n, g in zip(names, g_bar))
         else:
             v_req = {n: t.clone().requires_grad_(True) for n, t in v.items()}
             a = torch.tensor(alpha, dtype=torch.float64, requires_grad=True)
-            mixed = a * logits(v_req, x) + (1 - a) * logits(w, x)
+            mixed = a * logits(v_req, x) + (1 - a) * logits(m, x)
             grads = torch.autograd.grad(cross_entropy(mixed, y), [*v_req.values(), a])
             g_v, g_alpha = grads[:-1], grads[-1]
         w = {n: w[n] - eta * g for n, g in zip(names, g_w)}
@@ -56,7 +59,7 @@ def reference(w, v, alpha, batches, mixing, adaptive=True):
     return w, v, alpha
 
 
-def apfl_job(mixing: str, adaptive: bool = True):
+def apfl_job(mixing: str, adaptive: bool = True, mix_with: str = "global"):
     job = job_for(
         {
             "algorithm": "apfl",
@@ -65,6 +68,7 @@ def apfl_job(mixing: str, adaptive: bool = True):
             "apfl-lr-decay": DECAY,
             "apfl-mixing": mixing,
             "apfl-adaptive": adaptive,
+            "apfl-mix-with": mix_with,
         },
         state=RecordDict(),
     )
@@ -86,10 +90,11 @@ def apfl_job(mixing: str, adaptive: bool = True):
     return job, w, v, batches
 
 
+@pytest.mark.parametrize("mix_with", ["global", "local"])
 @pytest.mark.parametrize("mixing", ["parameters", "outputs"])
 @pytest.mark.parametrize("adaptive", [True, False])
-def test_apfl_local_steps_equal_the_papers_update(mixing, adaptive):
-    job, w, v, batches = apfl_job(mixing, adaptive)
+def test_apfl_local_steps_equal_the_papers_update(mixing, adaptive, mix_with):
+    job, w, v, batches = apfl_job(mixing, adaptive, mix_with)
     alpha0 = 0.35
     # this client's state from earlier rounds (v != w, alpha_0), in the store's contract
     job.store.save(V_KEY, v)
@@ -99,7 +104,7 @@ def test_apfl_local_steps_equal_the_papers_update(mixing, adaptive):
     )
     reply, _ = APFLClient().train(job, {"lr": ETA0, "apfl-round": ROUND})
 
-    w_ref, v_ref, alpha_ref = reference(w, v, alpha0, batches, mixing, adaptive)
+    w_ref, v_ref, alpha_ref = reference(w, v, alpha0, batches, mixing, adaptive, mix_with)
     sent = reply.to_torch_state_dict()
     assert set(sent) == set(w)  # w travels; v and alpha do not
     for n in w:

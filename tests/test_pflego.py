@@ -226,3 +226,33 @@ def test_a_client_without_a_stored_head_is_evaluated_as_a_new_client():
     half.evaluate(job, {"lr": 0.1})
     after = get_tensors(job.model, job.split.personal)
     assert all(torch.equal(after[n], stored[n]) for n in stored)
+
+
+def test_a_frozen_body_keeps_its_random_init_while_the_heads_learn(tmp_path):
+    """``pflego-freeze-body``: the random-features baseline. The server returns theta as it
+    was (the run's initial body, built here from the seed as the ServerApp builds it), while
+    the same heads take their steps on it and fit the clients' data."""
+    from pflower.experiments.local_grid import run_local
+
+    overrides = {
+        **job_for_config(),
+        "partitioner": "pathological",
+        "num-server-rounds": 3,
+        "fraction-train": 1.0,
+        "evaluate-every": 1,
+        "pflego-freeze-body": True,
+        "outputs-dir": str(tmp_path),
+    }
+    report = run_local(overrides, 4)
+    cfg = Config.from_run_config(overrides)
+    torch.manual_seed(cfg.seed)
+    model = build_run_model(cfg)
+    init = get_tensors(model, wire_split(model, cfg).shared)
+    assert set(report.shared) == set(init)
+    for name, tensor in init.items():
+        assert torch.equal(report.shared[name], tensor), name
+    evaluated = [r.evaluate for r in report.rounds if r.evaluate]
+    assert evaluated[-1]["personal-loss"] < evaluated[0]["personal-loss"]
+    # the stored heads as trained are the personalized models of clients that trained
+    final = evaluated[-1]
+    assert final["local-part-accuracy"] == final["personal-accuracy"]

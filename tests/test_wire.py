@@ -197,6 +197,30 @@ def test_evaluation_summary_statistics():
     assert s["global-accuracy"] == pytest.approx((5 + 18) / 40)
 
 
+def test_evaluation_summary_of_alpha_and_the_local_part():
+    """APFL's per-client alpha summarized as its mean, min and max over the clients; the
+    local part pooled as the other models; an alpha outside [0, 1] is a reply to drop."""
+    from pflower.strategies.history import summarize_clients
+    from pflower.wire import metrics_problem
+
+    rows = [
+        {"num-examples": 10, "personal-loss": 0.1, "local-part-accuracy": 0.9, "alpha": 0.0},
+        {"num-examples": 30, "personal-loss": 0.7, "local-part-accuracy": 0.5, "alpha": 0.8},
+        {"num-examples": 20, "personal-loss": 0.2, "local-part-accuracy": 0.8, "alpha": 0.1},
+    ]
+    for r in rows:
+        r["local-part-loss"] = 1 - r["local-part-accuracy"]
+    s = summarize_clients(rows)
+    assert (s["alpha-mean"], s["alpha-min"], s["alpha-max"]) == pytest.approx((0.3, 0.0, 0.8))
+    assert s["local-part-accuracy"] == pytest.approx((9 + 15 + 16) / 60)
+    assert s["local-part-accuracy-worst"] == 0.5
+    without = {k: v for k, v in rows[1].items() if k != "alpha"}
+    assert "alpha-min" not in summarize_clients([rows[0], without])  # not every client's
+    assert metrics_problem({"num-examples": 3, "alpha": 1.0}) == ""
+    assert "outside [0, 1]" in metrics_problem({"num-examples": 3, "alpha": 1.5})
+    assert "outside [0, 1]" in metrics_problem({"num-examples": 3, "alpha": -0.1})
+
+
 def test_sampling_follows_partition_ids_not_node_ids():
     """Node ids are random per run; with the partition map the same clients are drawn."""
     a = FedAvg(fraction_train=0.3, sample_seed=1)  # a reproducible sample

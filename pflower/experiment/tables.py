@@ -66,6 +66,8 @@ def table(experiment: Experiment, rows: list[dict]) -> str:
         columns.append((f"hurt vs {experiment.baseline}", "hurt-vs-baseline", 1.0, 1))
     columns += [
         (f"own global {unit}", f"global-{metric}", scale, 2),
+        # an algorithm's personalized model against its own parts: where it has them
+        *[c for c in _parts(metric, unit, scale) if any(c[1] in r for r in rows)],
         *[(_header(key), key, _scale(key), 2) for key in experiment.columns],
         (f"Δ last {PLATEAU_WINDOW:.0%} of rounds", "plateau-delta", scale, 2),
         ("dropped", "dropped-replies", 1.0, 1),
@@ -112,6 +114,14 @@ def table(experiment: Experiment, rows: list[dict]) -> str:
             else f" (plateau rule: |mean| < {PLATEAU_POINTS} points, ✓; ↑ still rising: more "
             "rounds would raise it; ↓ falling, past its best: more rounds would lower it)"
         )
+        + (
+            "; local part alone: the algorithm's personal part on its own at the final "
+            "evaluation (APFL's v, alpha = 1; a head method's personal head as its training "
+            "left it, on the final shared body), where the run has one; α: APFL's mixing "
+            "weight, mean / min / max over the clients at the final evaluation"
+            if any("local-part-accuracy" in r or "alpha-mean" in r for r in rows)
+            else ""
+        )
         + "; dropped: replies the server dropped in the whole run (honest clients: 0); "
         "s / round: median wall seconds of a training round after any pre-training; "
         "examples / client: the client compute, the training examples the clients took "
@@ -125,6 +135,18 @@ def table(experiment: Experiment, rows: list[dict]) -> str:
     if experiment.pivot:
         lines += ["", *pivot_table(experiment, rows)]
     return "\n".join(lines)
+
+
+def _parts(metric: str, unit: str, scale: float) -> list[tuple[str, str, float, int]]:
+    """The columns of an algorithm's own parts (shown where a row has them): its personal
+    part alone (APFL's v, a head method's personal head as trained, ``local-part``) and
+    APFL's mixing weight alpha over the clients (``alpha-*``)."""
+    return [
+        (f"local part alone {unit}", f"local-part-{metric}", scale, 2),
+        ("α mean", "alpha-mean", 1.0, 2),
+        ("α min", "alpha-min", 1.0, 2),
+        ("α max", "alpha-max", 1.0, 2),
+    ]
 
 
 def _plateau_mark(deltas: list) -> str:

@@ -66,6 +66,7 @@ def rounds_figure(report: RunReport):
             )
     acc_ax.set_ylabel(f"test {metric}" + ("" if regression else " %"))
     acc_ax.set_title("evaluated rounds")
+    _plot_alpha(acc_ax, evaluated)
     losses = [(r.round, train_loss(r.train)) for r in report.rounds]
     losses = [(x, v) for x, v in losses if v is not None and math.isfinite(v)]
     values = [v for _, v in losses]
@@ -103,6 +104,28 @@ def rounds_figure(report: RunReport):
     fig.suptitle(f"{report.cfg.algorithm} on {report.cfg.dataset}, seed {report.cfg.seed}")
     fig.tight_layout()
     return fig
+
+
+def _plot_alpha(ax, evaluated: list) -> None:
+    """APFL's alpha on a right-hand axis of ``ax``: the clients' mean per evaluated round and
+    the band from the lowest to the highest client (a collapse to 0 shows as the band's
+    floor reaching 0)."""
+    rows = [r for r in evaluated if "alpha-mean" in r.evaluate]
+    if not rows:
+        return
+    right = ax.twinx()
+    xs = [r.round for r in rows]
+    right.plot(xs, [r.evaluate["alpha-mean"] for r in rows], "-^", color="C3", ms=3)
+    right.fill_between(
+        xs,
+        [r.evaluate["alpha-min"] for r in rows],
+        [r.evaluate["alpha-max"] for r in rows],
+        color="C3",
+        alpha=0.1,
+        linewidth=0,
+    )
+    right.set_ylim(-0.02, 1.02)
+    right.set_ylabel("α: clients' mean (band: min..max)", color="C3")
 
 
 def _plot_clients(report: RunReport, path: Path) -> None:

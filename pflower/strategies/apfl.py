@@ -1,13 +1,24 @@
 """APFL: Deng, Kamani, Mahdavi, *Adaptive Personalized Federated Learning* (2020).
 
 Client i keeps w_i (its copy of the global model), v_i (a private local model) and
-alpha_i in [0, 1]; its personalized model is ``v_bar_i = alpha_i v_i + (1 - alpha_i) w_i``::
+alpha_i in [0, 1]; its personalized model is ``v_bar_i = alpha_i v_i + (1 - alpha_i) w``::
 
     every local step t (one minibatch xi, one step size eta_t for all three):
         w_i     <- w_i - eta_t grad f_i(w_i; xi)                         # FedAvg's local step
-        v_i     <- v_i - eta_t grad_v f_i(v_bar_i; xi)   (= alpha_i grad f_i(v_bar_i); w_i detached)
-        alpha_i <- Proj_[0,1](alpha_i - eta_t <v_i - w_i, grad f_i(v_bar_i; xi)>)   # if adaptive
+        v_i     <- v_i - eta_t grad_v f_i(v_bar_i; xi)   (= alpha_i grad f_i(v_bar_i); w detached)
+        alpha_i <- Proj_[0,1](alpha_i - eta_t <v_i - w, grad f_i(v_bar_i; xi)>)   # if adaptive
     every tau steps: the sampled clients send w_i; server w = unweighted mean; broadcast w
+
+**Which w v_bar mixes** (``apfl-mix-with``): ``global`` (the default) mixes the round's
+received global model, held fixed over the round's steps: the model a device deploys and the
+evaluation measures, ``alpha v + (1 - alpha) w_global`` (Algorithm 1's output). ``local``
+mixes the client's own copy w_i as its local steps move it (Algorithm 1's training loop as
+printed). With ``local``, w_i fits the client's data within the round faster than v (w takes
+the full gradient, v alpha times it), so the alpha gradient's part -<w_i - w_global, grad>
+is positive and larger than v's pull <v - w_global, grad> < 0: alpha falls, v's steps
+shrink with it, and alpha = 0 absorbs; the personalized model is then the global one, worse
+than v alone (the offline default, 10 rounds: 58.96% against 93.69% with ``global``;
+docs/algorithms.md, "APFL details").
 
 All three gradients of a step are taken at the step's starting point (the paper's
 simultaneous update). The v and alpha gradients come from autograd through
@@ -35,8 +46,9 @@ paper) or ``num-examples``. tau = ``local-steps`` (or ``local-epochs`` passes).
 
 Evaluation: personalized = v_bar with the received global w (what a device deploys);
 global = the received w; ``localized`` = w after tau local steps (the paper's "FedAvg
-localized"). A client without state is a new client (eq. 17): v starts from w and is
-fine-tuned for ``finetune-epochs`` with w fixed before it is evaluated.
+localized"); ``local-part`` = v alone (alpha = 1); and the client's ``alpha``. A client
+without state is a new client (eq. 17): v starts from w and is fine-tuned for
+``finetune-epochs`` with w fixed before it is evaluated.
 """
 
 from __future__ import annotations
@@ -59,7 +71,15 @@ from pflower.strategies.server import PersonalizedStrategy
 from pflower.task import split as splits
 from pflower.task import train as training
 from pflower.task.run_model import build_run_model
-from pflower.wire import LR_SCALE, NUM_EXAMPLES, PHASE, PRETRAIN, ClientUpdate
+from pflower.wire import (
+    ALPHA,
+    LOCAL_PART,
+    LR_SCALE,
+    NUM_EXAMPLES,
+    PHASE,
+    PRETRAIN,
+    ClientUpdate,
+)
 
 if TYPE_CHECKING:
     from pflower.config import Config
@@ -82,10 +102,8 @@ class APFLSettings(Settings):
         ge=0,
         le=1,
         description=(
-            "APFL's initial (or fixed) α. The paper's synthetic runs start at 0.01; from there the "
-            "adaptive α collapses to 0 for many clients on pathological splits (v then stops "
-            "moving: its step carries the factor α) and APFL personalizes nothing, hence 0.5 "
-            "(Benchmarks: APFL)"
+            "APFL's initial (or fixed) α: 0.5, the authors' code's value. The paper's synthetic "
+            "runs start at 0.01, where v barely moves at first (its step carries the factor α)"
         ),
     )
     apfl_adaptive: bool = Field(
@@ -101,6 +119,16 @@ class APFLSettings(Settings):
         description=(
             "APFL's v̄: `parameters` (α v + (1−α) w, the paper) or `outputs` (mixed logits, the "
             "authors' code)"
+        ),
+    )
+    apfl_mix_with: Literal["global", "local"] = Field(
+        "global",
+        alias="apfl-mix-with",
+        description=(
+            "the w in APFL's v̄ = α v + (1−α) w during v's and α's steps: `global` (the "
+            "round's received model, fixed over the round: the model evaluated and deployed) "
+            "or `local` (the client's copy w_i as its local steps move it: Algorithm 1 as "
+            "printed, where α collapses to 0 on pathological splits, docs/algorithms.md)"
         ),
     )
     apfl_lr_decay: float = Field(
@@ -270,6 +298,9 @@ class APFLClient(ClientHalf):
         criterion = training.loss_fn(job.model)
         total, examples = 0.0, 0
         job.model.train()
+        # v_bar's w: the round's received one, or each step's starting w_i (apfl-mix-with)
+        mix_received = cfg.apfl_mix_with == "global"
+        received = {n: p.detach().clone() for n, p in params.items()} if mix_received else {}
         for k, (x, y) in enumerate(training._cycle(job.train_loader, steps)):
             x, y = x.to(job.device), y.to(job.device)
             eta = lr0 * cfg.apfl_lr_decay ** (first_step + k)
@@ -277,7 +308,8 @@ class APFLClient(ClientHalf):
             if train_w:
                 loss_w = criterion(job.model(x), y)
                 g_w = torch.autograd.grad(loss_w, list(params.values()))
-            loss_bar = self._mixed_loss(job, v, a, w_now, x, y)
+            w_bar = received if mix_received else w_now
+            loss_bar = self._mixed_loss(job, v, a, w_bar, x, y)
             wrt = [*v.values(), *([a] if adaptive else [])]
             grads = torch.autograd.grad(loss_bar, wrt)
             with torch.no_grad():
@@ -351,8 +383,9 @@ class APFLClient(ClientHalf):
         splits.set_tensors(job.model, {n: _mix(alpha, v[n], w[n]) for n in w})
 
     def evaluate(self, job: ClientJob, config: Mapping) -> dict[str, float]:
-        """Global (w), personalized (v_bar, either mixing) and localized (w after tau local
-        steps, the paper's "FedAvg localized") on this client's test split."""
+        """Global (w), personalized (v_bar, either mixing), v alone (``local-part``: a
+        personalized model worse than it is a degenerate alpha) and localized (w after tau
+        local steps, the paper's "FedAvg localized") on this client's test split, and alpha."""
         if config.get(PHASE) == PRETRAIN:
             return super().evaluate(job, config)
         w = splits.get_tensors(job.model, _names(job.model))
@@ -360,6 +393,7 @@ class APFLClient(ClientHalf):
         v, alpha = self.personal_model(job)
         mixed = _Mixture(job.model, v, alpha, w, job.cfg.apfl_mixing)
         pers = training.evaluate(mixed, job.test_loader, job.device)
+        alone = training.evaluate(_Mixture(job.model, v), job.test_loader, job.device)
         job.sgd(job.shared_params(), lr=job.lr, steps=self._tau(job))
         local = job.evaluate()
         splits.set_tensors(job.model, w)
@@ -367,22 +401,30 @@ class APFLClient(ClientHalf):
             "partition-id": job.partition_id,
             "num-train": job.num_train,
             NUM_EXAMPLES: pers["num-examples"],
+            # a diagnostic of the personalized model, as its accuracy is (docs/privacy.md)
+            ALPHA: alpha,
         }
-        for which, out in (("global", glob), ("personal", pers), ("localized", local)):
+        tagged = (("global", glob), ("personal", pers), ("localized", local), (LOCAL_PART, alone))
+        for which, out in tagged:
             metrics.update(tagged_metrics(which, out))
         return metrics
 
 
 class _Mixture(nn.Module):
-    """The personalized model v_bar as a module: mixed parameters or mixed outputs."""
+    """The personalized model v_bar as a module: mixed parameters or mixed outputs; v alone
+    without ``w``."""
 
-    def __init__(self, model: nn.Module, v, alpha: float, w, mixing: str) -> None:
+    def __init__(
+        self, model: nn.Module, v, alpha: float = 1.0, w=None, mixing: str = "parameters"
+    ) -> None:
         super().__init__()
         self.model, self.v, self.alpha, self.w, self.mixing = model, v, alpha, w, mixing
         self.loss = training.loss_fn(model)  # the run's loss and task, as the model's
         self.pflower_task = "classification" if training.is_classifier(model) else "regression"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w is None:
+            return functional_call(self.model, self.v, (x,))
         if self.mixing == "outputs":
             out_v = functional_call(self.model, self.v, (x,))
             return _mix(self.alpha, out_v, functional_call(self.model, self.w, (x,)))

@@ -30,6 +30,7 @@ from pflower.wire import (
     CONFIG,
     DATA_KIND,
     FINAL,
+    LOCAL_PART,
     LR,
     LR_SCALE,
     METRICS,
@@ -426,6 +427,14 @@ class ClientHalf:
         self.new_client(job)
         job.fine_tune(job.split.personal)
 
+    def local_part(self, job: ClientJob) -> bool:
+        """Set the model to this client's personal part as its training left it (no
+        evaluation-time fitting), on the received shared parameters, and return True; False
+        (the default) where the algorithm keeps no personal part between rounds. The
+        evaluation reports it as ``local-part``: a personalized model far below it is a
+        degenerate one (issue 47)."""
+        return False
+
     def pretrain(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:
         """A FedAvg pre-training round (phase ``pretrain``): local SGD on the whole model."""
         every = [n for n, _ in job.model.named_parameters()]
@@ -447,6 +456,9 @@ class ClientHalf:
             self.new_client(job)
             glob = job.evaluate()
             metrics.update(tagged_metrics("global", glob))
+        # before personalize: a final fine-tuning rewrites the stored personal part
+        if self.local_part(job):
+            metrics.update(tagged_metrics(LOCAL_PART, job.evaluate()))
         if self.personalizes or not self.has_global:
             self.personalize(job, final=bool(config.get(FINAL, False)))
             pers = job.evaluate()

@@ -141,6 +141,13 @@ class _PartialClient(ClientHalf):
         else:
             self.new_client(job)
 
+    def local_part(self, job: ClientJob) -> bool:
+        """Stateful: the stored v as trained (the init if never sampled), without step (c)'s
+        fine-tuning. Stateless: none (v is fitted afresh at every evaluation)."""
+        if job.cfg.stateful:
+            job.restore_personal()
+        return job.cfg.stateful
+
     def personalize(self, job: ClientJob, final: bool = False) -> None:
         if not job.cfg.stateful:  # stateless: fine-tune from the init every time
             super().personalize(job, final)

@@ -226,6 +226,14 @@ class _FFGGClientBase(ClientHalf):
     def new_client(self, job: ClientJob) -> None:
         self.init_personal(job)
 
+    def local_part(self, job: ClientJob) -> bool:
+        """With ``ffgg-init = "stored"``: the stored w as trained (the init if none yet).
+        Otherwise none: w is fitted afresh from its init in every round and evaluation."""
+        if job.cfg.ffgg_init != "stored":
+            return False
+        job.restore_personal()
+        return True
+
     @staticmethod
     def restored(job: ClientJob) -> dict[str, float]:
         """``personal-restored`` where w is kept between rounds (``ffgg-init = "stored"``)."""

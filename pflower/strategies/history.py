@@ -22,7 +22,7 @@ import numpy as np
 from flwr.app import Message
 
 from pflower.strategies.checks import lower_median
-from pflower.wire import CONFIG, NUM_EXAMPLES, SERVER_ROUND, is_loss
+from pflower.wire import ALPHA, CONFIG, LOCAL_PART, NUM_EXAMPLES, SERVER_ROUND, is_loss
 
 
 @dataclass
@@ -195,7 +195,7 @@ def summarize_clients(rows: list[dict[str, float]]) -> dict[str, float]:
 def _summary(rows: list[dict[str, float]]) -> dict[str, float]:
     n = np.asarray([r[NUM_EXAMPLES] for r in rows], dtype=float)
     out: dict[str, float] = {"clients": len(rows), NUM_EXAMPLES: float(n.sum())}
-    for which in ("personal", "global", "localized"):
+    for which in ("personal", "global", "localized", LOCAL_PART):
         if not all(f"{which}-loss" in r for r in rows):
             continue
         loss = np.asarray([r[f"{which}-loss"] for r in rows], dtype=float)
@@ -215,6 +215,10 @@ def _summary(rows: list[dict[str, float]]) -> dict[str, float]:
         for q in (10, 50, 90):
             out[f"{which}-accuracy-p{q}"] = float(np.percentile(acc, q))
         out[f"{which}-accuracy-worst"] = float(acc.min())
+    if all(ALPHA in r for r in rows):  # APFL's per-client alpha: where it went, client by client
+        alpha = np.asarray([r[ALPHA] for r in rows], dtype=float)
+        for stat in ("mean", "min", "max"):
+            out[f"{ALPHA}-{stat}"] = float(getattr(alpha, stat)())
     # (personal-loss is in every row: the server requires it; an accuracy may be missing
     # from every row of a round, e.g. the one reply of a 1-reply round left it out)
     if "global-accuracy" in out and "personal-accuracy" in out:

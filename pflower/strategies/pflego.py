@@ -26,12 +26,16 @@ SGD; ``pflego-alpha``: ``global`` (eq. 4; the server learns every N_j at start-u
 query) or ``sampled`` (the authors' code: alpha normalised over the round's replies, no
 I / r_t factor). ``pflego-local-labels``: a K_i-class head over the client's own classes
 (``init_head``). ``pflego-head-alpha`` multiplies the head step (3) by alpha_i as eq. (5)
-prints (default off: Alg. 1 and the code). r_t is the number of usable replies (realised);
-the head step uses the number of sampled clients (the client cannot know r_t). I counts the
-clients that can be sampled: with ``holdout-fraction`` the held-out clients (evaluated as new
-clients, never trained) are no part of L, so they count in neither I, r nor sum_j N_j. A round
-with no usable reply leaves theta unchanged. The passes over the whole local set (Phi, the
-exact gradient) go in chunks of ``eval-batch-size`` examples, so memory stays bounded.
+prints (default off: Alg. 1 and the code). ``pflego-freeze-body``: the server never moves
+theta, so the same heads take the same steps on the body's random init: the random-features
+baseline that tells what the trained body adds (issue 47: under DP the noised body stays near
+its init, and PFLEGO's heads on it beat every trained body). r_t is the number of usable
+replies (realised); the head step uses the number of sampled clients (the client cannot know
+r_t). I counts the clients that can be sampled: with ``holdout-fraction`` the held-out
+clients (evaluated as new clients, never trained) are no part of L, so they count in neither
+I, r nor sum_j N_j. A round with no usable reply leaves theta unchanged. The passes over
+the whole local set (Phi, the exact gradient) go in chunks of ``eval-batch-size`` examples,
+so memory stays bounded.
 
 Evaluation: the personalized model is the client's stored head on the current body (a client
 without one, never sampled yet, is a new client); the "global" model is what a brand-new
@@ -91,6 +95,14 @@ class PFLEGOSettings(Settings):
         False,
         alias="pflego-head-alpha",
         description="scale each PFLEGO head's step by its α_i too (eq. 5 read literally)",
+    )
+    pflego_freeze_body: bool = Field(
+        False,
+        alias="pflego-freeze-body",
+        description=(
+            "PFLEGO's server never moves θ: the same heads take the same steps on the body's "
+            "random init (the random-features baseline)"
+        ),
     )
     pflego_local_labels: bool = Field(
         False,
@@ -182,6 +194,9 @@ class PFLEGO(PersonalizedStrategy):
     alpha : str (default: ``pflego-alpha``)
         ``global`` (eq. 4: alpha_i = N_i / sum_j N_j over all clients, learnt at start-up,
         with I / r_t) or ``sampled`` (normalised over the round's replies).
+    freeze_body : bool (default: ``pflego-freeze-body``)
+        ``True``: theta stays at its initial (random) value; the clients' heads take their
+        steps as ever (the random-features baseline).
     **kwargs
         The parameters of ``PersonalizedStrategy`` (their defaults: the app's for PFLEGO).
     """
@@ -190,8 +205,15 @@ class PFLEGO(PersonalizedStrategy):
     algorithm = "pflego"
     defaults = PFLEGO_DEFAULTS
 
-    def __init__(self, *, alpha: str = SETTINGS.pflego_alpha, **kwargs) -> None:
+    def __init__(
+        self,
+        *,
+        alpha: str = SETTINGS.pflego_alpha,
+        freeze_body: bool = SETTINGS.pflego_freeze_body,
+        **kwargs,
+    ) -> None:
         super().__init__(reply_key=GRADIENT, **kwargs)
+        self.freeze_body = freeze_body
         if alpha not in ALPHA_MODES:
             raise ValueError(f"alpha = {alpha!r}: must be one of {ALPHA_MODES}")
         self.alpha = alpha
@@ -229,6 +251,8 @@ class PFLEGO(PersonalizedStrategy):
     def aggregate(
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
+        if self.freeze_body:  # the random-features baseline: theta keeps its init
+            return current
         sizes = [u.num_examples for u in updates]
         # the robust rule (or central DP's clipped, noised mean) over the g_i replaces the
         # alpha-sum, whose data-size weights would make the sensitivity depend on the claims
@@ -335,6 +359,12 @@ class PFLEGOClient(ClientHalf):
         self.init_head(job)
         self.head_steps(job, (job.cfg.local_steps or 1) - 1)
 
+    def local_part(self, job: ClientJob) -> bool:
+        """The stored head as trained, on the received body; the bare init for a client
+        never sampled (``personalize`` fits that one as a new client's)."""
+        self.restore_head(job)
+        return True
+
     def personalize(self, job: ClientJob, final: bool = False) -> None:
         """Its stored head; a client without one (never sampled yet) is a new client, whose
         personal part is a fitted head (``new_client``), not the bare U[0, 1) init: an
@@ -352,7 +382,7 @@ def pflego_strategy(cfg: Config, **kwargs) -> PFLEGO:
     model = build_run_model(cfg)
     split = split_by_rule(model, cfg, ALGORITHMS["pflego"].wire_split)
     head_module(model, split.personal)  # refuse other splits at start
-    return PFLEGO(alpha=cfg.pflego_alpha, **kwargs)
+    return PFLEGO(alpha=cfg.pflego_alpha, freeze_body=cfg.pflego_freeze_body, **kwargs)
 
 
 #: this file's algorithm
