@@ -17,7 +17,8 @@ server dropped (by reason) and the replies it clipped, and whether the run ended
     python benchmarks/default_defence.py --out benchmarks/results/default-defence.json
     python benchmarks/default_defence.py --algorithms fedavg ffgg --set robust-aggregator=none
 
-``--seeds 0 1 2`` repeats every run per seed (mean of the differences reported).
+``--seeds 0 1 2`` repeats every run per seed (mean of the differences reported); each seed is
+also the run's ``sample-seed``, so that the clean and the attacked run sample alike.
 """
 
 from __future__ import annotations
@@ -227,6 +228,9 @@ def main(argv=None) -> None:
                 **extra,
                 "algorithm": algorithm,
                 "seed": seed,
+                # one sample stream for the clean and the attacked run: a paired comparison
+                # (the app's default samples in secret, a different sample each run)
+                "sample-seed": seed,
             }
             clean = one_run(overrides, set(), 1.0)
             attacked = one_run(overrides, set(args.byzantine), args.claim)

@@ -28,6 +28,7 @@ S = "pflower/strategies/"
 T = "tests/"
 EXACT = [f"{T}test_exact_rounds.py", f"{T}test_bring_your_own.py"]
 PRIVACY = f"{T}test_privacy.py::"
+DEFENCE = f"{T}test_default_defence.py"
 #: the claim and evaluation tests of issue 45 (the files' other tests take ~10 minutes)
 B, C = f"{T}test_bounds.py::", f"{T}test_bad_clients.py::"
 CLAIMS = [
@@ -55,6 +56,75 @@ class Plant:
 
 
 PLANTS = [
+    # --- the default defence (issue 45) -------------------------------------------------
+    Plant(
+        "default defence: a large claim's reply clipped to tau, not tau x w_m / w_i",
+        S + "combine.py",
+        [
+            (
+                "c = np.minimum(1.0, tau * share / np.maximum(d, 1e-300))",
+                "c = np.minimum(1.0, tau / np.maximum(d, 1e-300))",
+            )
+        ],
+        [DEFENCE],
+    ),
+    Plant(
+        "default defence: the fast path accepts replies up to 2 tau from the mean",
+        S + "combine.py",
+        [("if (d <= tau * share).all():", "if (d <= 2 * tau * share).all():")],
+        [DEFENCE],
+    ),
+    Plant(
+        "default defence: 1- and 2-reply rounds clipped to 100 rho, not growth x rho",
+        S + "combine.py",
+        [
+            (
+                "c = np.minimum(1.0, self.growth * rho / np.maximum(space.norms(), 1e-300))",
+                "c = np.minimum(1.0, 100 * rho / np.maximum(space.norms(), 1e-300))",
+            )
+        ],
+        [DEFENCE],
+    ),
+    Plant(
+        "default defence: pre-training rounds not clipped (the plain mean)",
+        S + "server.py",
+        [
+            (
+                "if self.robust is None and not self.central_dp and self.clipping is None:",
+                "if self.robust is None and not self.central_dp:",
+            )
+        ],
+        [DEFENCE],
+    ),
+    Plant(
+        "robust rules: f not counted against the sampled nodes without a kept reply",
+        S + "server.py",
+        [
+            (
+                "return max(0, self.byzantine - max(0, len(self._asked) - kept))",
+                "return self.byzantine",
+            )
+        ],
+        [DEFENCE],
+    ),
+    Plant(
+        "replies: a node's second reply in a round kept",
+        S + "checks.py",
+        [("elif node in seen:", "elif node in seen and False:")],
+        [DEFENCE],
+    ),
+    Plant(
+        "local DP: the bound is max(K R, allowance), not the allowance",
+        S + "checks.py",
+        [
+            (
+                "bound = privacy.reply_norm_allowance(size) * (1.0 + FLOAT32_SLACK)",
+                "bound = max(limit.bound(norms, weights, provisional_scale(current, factor)), "
+                "privacy.reply_norm_allowance(size))",
+            )
+        ],
+        [DEFENCE],
+    ),
     # --- APFL ---------------------------------------------------------------------------
     Plant(
         "apfl: v step without the alpha factor",

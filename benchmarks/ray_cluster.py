@@ -119,7 +119,8 @@ def main(argv=None) -> dict:
     import torch
     from ray.cluster_utils import Cluster
 
-    run = {**RUN, "num-server-rounds": args.rounds, "seed": args.seed}
+    # the seed samples too: the two-node and the one-node run are compared round by round
+    run = {**RUN, "num-server-rounds": args.rounds, "seed": args.seed, "sample-seed": args.seed}
     work = Path(args.workdir or tempfile.mkdtemp(prefix="pflower-ray-"))
 
     cluster = Cluster(

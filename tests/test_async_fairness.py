@@ -35,7 +35,13 @@ from pflower.strategies.checks import RunFailed
 
 NODES = 10
 #: synthetic-linear (milliseconds a reply), asynchronous
-FAST = {**LINEAR, "algorithm": "async-ffgg", "outputs-dir": "/tmp/pflower-test-outputs"}
+#: (a reproducible sample: runs are compared update by update)
+FAST = {
+    **LINEAR,
+    "algorithm": "async-ffgg",
+    "outputs-dir": "/tmp/pflower-test-outputs",
+    "sample-seed": 0,
+}
 #: digits, MLP, 2 classes per client: each client's honest direction is its own
 DIGITS = {
     **BASE,

@@ -60,6 +60,7 @@ def ffgg_config(data_dir, tmp_path, weighting, rounds, server_lr, **extra):
         "evaluate-every": 10_000,
         "finetune-epochs": 1,
         "outputs-dir": str(tmp_path / "outputs"),
+        "robust-aggregator": "none",  # the exact rule (the default defence clips)
         **extra,
     }
 

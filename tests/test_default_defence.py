@@ -240,3 +240,70 @@ def test_f_counts_every_sampled_node_without_a_kept_reply():
     # 2 kept of 5 asked: every kept reply honest, the median over 2 is their mean
     got = strategy.combine([{"w": np.array([1.0])}, {"w": np.array([3.0])}], [1.0, 1.0])
     assert got["w"][0] == 2.0
+
+
+# --- local DP's bound, and replies that do not answer the round ------------------------------
+@pytest.mark.parametrize("factor", [0.99, 4.0])
+def test_under_local_dp_the_allowance_alone_is_the_bound(factor, tmp_path):
+    """Local DP, z = 0: an honest reply is clipped to C on its client, so the bound is C
+    (local DP's allowance ``C (1 + z (sqrt(d) + slack))``), whatever the other replies: node
+    0's update at 4 C is dropped in every round it is sampled (before: max(K R, allowance),
+    which let it through at ~1000 x C), at 0.99 C kept."""
+    clip = 0.05
+    overrides = {
+        **FAST,
+        "algorithm": "fedavg",
+        "pretrain-rounds": 0,
+        "num-server-rounds": 3,
+        "fraction-train": 1.0,
+        "dp": "local",
+        "dp-clip": clip,
+        "dp-noise": 0.0,
+    }
+    cfg = Config.from_run_config(overrides)
+    rep = run_on(
+        LocalGrid(attacking_app(overrides, attack=flip_to(factor * clip)), 5, seed=0), cfg, tmp_path
+    )
+    assert drops(rep, "update norm") == (3 if factor > 1 else 0)
+    assert all(e.train["applied"] == (4 if factor > 1 else 5) for e in rep.rounds if e.train)
+
+
+def test_a_reply_to_another_round_and_a_second_reply_are_dropped_and_counted(task_identity):
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+    class Grid:
+        def get_node_ids(self):
+            return [1, 2, 3]
+
+    strategy = FedAvg(fraction_train=1.0, clipping=False)
+    strategy.num_rounds = 2
+    theta = ArrayRecord({"t": Array(np.zeros(2, np.float32))})
+
+    def reply(msg, value):
+        content = RecordDict(
+            {
+                "arrays": ArrayRecord({"t": Array(np.full(2, value, np.float32))}),
+                "metrics": MetricRecord({"num-examples": 10}),
+            }
+        )
+        return Message(content=content, reply_to=msg)
+
+    def pushed(messages):  # ids as a Grid gives them when it pushes (LocalGrid's way)
+        for i, msg in enumerate(messages):
+            msg.metadata.__dict__["_message_id"] = f"{id(messages)}-{i}"
+        return messages
+
+    old = pushed(list(strategy.configure_train(1, theta, ConfigRecord(), Grid())))
+    strategy.aggregate_train(1, [reply(m, 1.0) for m in old])
+    new = pushed(list(strategy.configure_train(2, theta, ConfigRecord(), Grid())))
+    # node of new[0] answers twice (the second: 1e3), node of old[1] replays round 1
+    replies = [reply(new[0], 1.0), reply(new[0], 1e3), reply(new[1], 1.0), reply(new[2], 1.0)]
+    replies.append(reply(old[1], -1e3))
+    arrays, metrics = strategy.aggregate_train(2, replies)
+    assert metrics["applied"] == 3
+    np.testing.assert_array_equal(arrays["t"].numpy(), [1.0, 1.0])  # the mean of the three
+    assert sum(strategy.history[-1].dropped.values()) == 2
+    assert set(strategy.history[-1].dropped) == {
+        "a second reply of this node in the round",
+        "reply to a message of another round",
+    }

@@ -52,6 +52,7 @@ def run(path, overrides, rounds):
         "evaluate-every": 10_000,
         "finetune-epochs": 0,
         "num-server-rounds": rounds,
+        "robust-aggregator": "none",  # the exact rule (the default defence clips)
         **overrides,
     }
     cfg = Config.from_run_config(config)
@@ -306,10 +307,14 @@ def test_l2gd_is_its_coin_by_coin_iteration(data):
         np.testing.assert_allclose(mine, xs[m], **TOL)
 
 
-@pytest.mark.parametrize("weighting", ["uniform", "num-examples"])
-def test_apfl_rounds(data, weighting):
+@pytest.mark.parametrize(
+    ("weighting", "mix"), [("uniform", "global"), ("num-examples", "global"), ("uniform", "local")]
+)
+def test_apfl_rounds(data, weighting, mix):
     """Deng et al.: per step w <- w - eta grad f(w); v <- v - eta alpha grad f(v_bar);
-    alpha <- Proj(alpha - eta <v - w, grad f(v_bar)>), all at the step's start,
+    alpha <- Proj(alpha - eta <v - m, grad f(v_bar)>), v_bar = alpha v + (1 - alpha) m, all
+    at the step's start, m the round's received w (``apfl-mix-with = "global"``, the
+    default) or the moving w_i (``"local"``, Algorithm 1 as printed);
     eta = eta_0 decay^((round - 1) tau + k); v, alpha stay; server: mean of the w_i."""
     path, X, t = data
     lr, decay, tau, alpha0, R = 0.05, 0.9, 3, 0.4, 3
@@ -323,6 +328,7 @@ def test_apfl_rounds(data, weighting):
             "local-steps": tau,
             "fraction-train": 0.5,
             "apfl-weighting": weighting,
+            "apfl-mix-with": mix,
         },
         R,
     )
@@ -337,8 +343,9 @@ def test_apfl_rounds(data, weighting):
             for k in range(tau):
                 eta = lr * decay ** ((r - 1) * tau + k)
                 g_w = grad(X[m], t[m], w)
-                g_bar = grad(X[m], t[m], alpha * v + (1 - alpha) * w)
-                g_alpha = float((v - w) @ g_bar)
+                mixed = z if mix == "global" else w  # the round's received w is z here
+                g_bar = grad(X[m], t[m], alpha * v + (1 - alpha) * mixed)
+                g_alpha = float((v - mixed) @ g_bar)
                 w, v = w - eta * g_w, v - eta * alpha * g_bar
                 alpha = min(1.0, max(0.0, alpha - eta * g_alpha))
             state[m] = (v, alpha)

@@ -274,7 +274,11 @@ class _Grid:
 
 
 def test_ffgg_server_steps_with_the_unweighted_mean_gradient(task_identity):
-    strategy = FFGG(fraction_train=1.0, server_optimizer=ServerOptimizer("sgd", 0.5))
+    strategy = FFGG(
+        fraction_train=1.0,
+        server_optimizer=ServerOptimizer("sgd", 0.5),
+        clipping=False,  # the exact rule (the default defence clips)
+    )
     strategy.num_rounds = 1
     theta = ArrayRecord({"t": Array(np.array([1.0, 1.0], np.float32))})
     msgs = list(strategy.configure_train(1, theta, ConfigRecord(), _Grid()))

@@ -101,6 +101,7 @@ def test_round_with_every_client_and_sgd_is_one_gd_step_on_L():
         "fraction-train": 1.0,
         "num-server-rounds": 1,
         "evaluate-every": 100,
+        "robust-aggregator": "none",  # the exact rule (the default defence clips)
     }
     cfg = Config.from_run_config(overrides)
     model = build_run_model(cfg)

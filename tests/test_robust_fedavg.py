@@ -108,12 +108,18 @@ def test_malformed_counts_and_metrics_are_dropped_not_a_crash():
     }
 
 
-def test_a_round_with_too_few_replies_for_the_rule_is_skipped():
-    """Krum needs 3 replies; 6 of 8 nodes send NaN: each round is skipped, w unchanged."""
-    strategy = RobustFedAvg(aggregator=make_aggregator("krum"), fraction_evaluate=0.0)
+def test_dropped_replies_count_against_f_and_the_honest_mean_is_taken():
+    """Krum (f = 1) needs 3 replies; 6 of 8 nodes send NaN. The dropped nodes count against
+    f, so the 2 kept replies are honest: each round takes their plain mean (before: every
+    round skipped, the model unchanged)."""
+    strategy = RobustFedAvg(aggregator=make_aggregator("krum"), byzantine=1, fraction_evaluate=0.0)
     w = run(strategy, {i: "nan" for i in range(6)}, rounds=2)
-    np.testing.assert_array_equal(w, np.full(4, 5.0, np.float32))
-    assert strategy.dropped == {"non-finite values": 12}
+    target = (TARGETS[6] + TARGETS[7]) / 2
+    expected = 5.0
+    for _ in range(2):
+        expected = expected - 0.5 * (expected - target)
+    np.testing.assert_allclose(w, np.full(4, expected), rtol=1e-6)
+    assert strategy.dropped == {"non-finite values": 12} and strategy.skipped == 0
 
 
 # --- a drop-in for Flower's robust strategies (issue 31, item 6) -----------------------------

@@ -113,15 +113,16 @@ def test_two_colluders_are_sampled_together_at_their_fair_rate():
 
 
 def test_the_secret_stream_is_uniform_and_replays_from_its_seed():
-    """``SecretRandom``: each node of 10 sampled at K/N (20 000 draws of 5, tolerance 0.02 =
-    4.5 std), two secret streams differ, a stream replays from its seed and survives a
-    pickle (a checkpoint) mid-way."""
+    """``SecretRandom``: each node of 10 sampled at K/N (4 000 draws of 5 from a fixed seed,
+    so that the check is deterministic; tolerance 0.036 = 4.5 std of a node's frequency),
+    two secret streams differ, a stream replays from its seed and survives a pickle (a
+    checkpoint) mid-way."""
     import pickle
 
-    rng, counts = sample_stream(-1)[0], Counter()
+    rng, counts = SecretRandom(2026), Counter()
     for _ in range(4000):
         counts.update(rng.sample(range(N), K))
-    assert all(abs(counts[n] / 4000 - K / N) < 0.02 for n in range(N)), counts
+    assert all(abs(counts[n] / 4000 - K / N) < 0.036 for n in range(N)), counts
     a, b = sample_stream(-1), sample_stream(-1)
     assert a[1]["seed"] != b[1]["seed"] and a[1]["secret"]
     assert [a[0].sample(range(N), K) for _ in range(5)] != [

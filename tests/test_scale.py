@@ -228,6 +228,7 @@ def test_in_deployment_the_server_pulls_every_pull_interval_with_a_short_backoff
         "evaluate-every": 2,
         "pull-interval": 0.02,
         "outputs-dir": "/tmp/pflower-test-outputs",
+        "sample-seed": 0,  # compared with run_local's run: the same sample
     }
     cfg = parse_config(frozenset(run_cfg.items()))
     grid = HttpGrid(build_client_app(run_cfg), 6, seed=cfg.seed)

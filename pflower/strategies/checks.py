@@ -105,6 +105,9 @@ RESET_AFTER = 2
 VALUE_REASONS = ("non-finite values", "update norm")
 #: the provisional scale's floor per coordinate (a zero-initialised model has ||theta|| = 0)
 SCALE_FLOOR = 0.1
+#: local DP's allowance is met up to this relative slack: float32 rounding of a clipped
+#: update (1e-5 of C when it travels as weights of norm ~100 C); a Byzantine reply gains 0.1 %
+FLOAT32_SLACK = 1e-3
 
 
 class RunFailed(RuntimeError):
@@ -545,9 +548,13 @@ class ReplyChecks:
             # no longer than the allowance; the allowance is then the bound (max(K R, it)
             # let a Byzantine reply reach ~700 x it), and no statistic across replies is used
             size = sum(int(np.size(a)) for a in current.values())
-            bound = privacy.reply_norm_allowance(size)
+            # x (1 + FLOAT32_SLACK): a reply clipped to C and sent in float32 (or as weights,
+            # whose rounding is relative to theta, not to the update) is a little above C
+            bound = privacy.reply_norm_allowance(size) * (1.0 + FLOAT32_SLACK)
+            name = "local DP's allowance"
         else:
             bound = limit.bound(norms, weights, provisional_scale(current, factor))
+            name = "max-update-norm x reference"
         what = "" if key is None else f" of {key}"
         kept = []
         for u, size in zip(updates, norms):
@@ -555,7 +562,7 @@ class ReplyChecks:
                 self._drop(
                     server_round,
                     u.node_id,
-                    f"update norm{what} {size:.3g} > max-update-norm x reference = {bound:.3g}",
+                    f"update norm{what} {size:.3g} > {name} = {bound:.3g}",
                 )
             else:
                 kept.append(u)
