@@ -334,9 +334,14 @@ class NodeSampling:
 
     def sample_line(self) -> str:
         """How clients are sampled, for the log (never the secret seed)."""
+        if self.sampling["secret"] and getattr(self, "privacy", None) is not None:
+            return "secret (a seed from OS entropy; dp: results.json withholds it)"
         if self.sampling["secret"]:
             return "secret (a seed from OS entropy; results.json records it)"
-        return f"reproducible (sample-seed {self.sampling['seed']}: every client can predict it)"
+        line = f"reproducible (sample-seed {self.sampling['seed']}: every client can predict it"
+        if getattr(self, "privacy", None) is not None:
+            line += "; dp: accounted without amplification"
+        return line + ")"
 
     @property
     def refused(self) -> dict[int, str]:

@@ -97,6 +97,7 @@ from pflower.wire import (
     SERVER_ROUND,
     SETTINGS_FINGERPRINT,
     TRAIN,
+    UPDATE_NORM_METRICS,
     ClientUpdate,
     array_view,
     settings_fingerprint,
@@ -202,8 +203,9 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
     sample_seed : int (default: ``sample-seed``)
         -1: clients are sampled from a secret seed drawn from OS entropy now
         (``nodes.SecretRandom``), which nothing sent to a client reveals (``sampling`` holds
-        it; ``results.json`` and checkpoints record it); >= 0: ``random.Random(sample_seed)``,
-        a reproducible sample anyone who knows the seed can predict.
+        it; checkpoints record it, and ``results.json`` unless ``privacy`` is on); >= 0:
+        ``random.Random(sample_seed)``, a reproducible sample anyone who knows the seed can
+        predict (under ``privacy``: accounted without amplification).
     model_fingerprint : str (default: "")
         The fingerprint (``pflower.task.fingerprint.model_fingerprint``) of the model every
         node must run, checked at the start-up handshake; "": the app sets its run model's,
@@ -370,10 +372,12 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         if clipping is None:  # the app's: adaptive clipping unless a rule or DP replaces it
             clipping = adaptive_clipping(app) if robust is None and not privacy.on else False
         self.clipping = clipping or None
-        if self.central_dp and robust is not None:
+        if self.central_dp and (robust is not None or self.clipping is not None):
             raise ValueError(
-                "privacy mode 'central' with a robust rule: the noise is calibrated to the "
-                "mean's sensitivity; use local DP with a robust rule, or no rule"
+                "privacy mode 'central' with a robust rule or the default defence's clipping: "
+                "the noise is calibrated to the mean's sensitivity, and their statistics across "
+                "replies would decide one reply by the others; use local DP with a robust rule, "
+                "or no rule"
             )
         self.attack_simulation = attack_simulation
         self.init_checks(max_update_norm, update_norm_growth, max_num_examples, max_failed_rounds)
@@ -753,8 +757,13 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
 
     def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
         """The round's training metrics: the replies' metrics weighted by their bounded
-        num-examples, losses clipped (``history.weighted_mean_metrics``)."""
-        return weighted_mean_metrics([u.metrics for u in updates])
+        num-examples, losses clipped (``history.weighted_mean_metrics``); under central DP
+        without the norms of the shared updates (``UPDATE_NORM_METRICS``), which the clip is
+        there to hide."""
+        rows = [u.metrics for u in updates]
+        if self.central_dp:
+            rows = [{k: v for k, v in r.items() if k not in UPDATE_NORM_METRICS} for r in rows]
+        return weighted_mean_metrics(rows)
 
     def aggregate_train(
         self, server_round, replies
