@@ -28,6 +28,10 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from helpers import answer_the_rest, recording
+from test_sampling import NODES as SAMPLING_NODES
+from test_sampling import RUN as SAMPLING_RUN
+from test_sampling import replayed
 
 from pflower.client_app import build_client_app
 from pflower.config import Config
@@ -52,14 +56,10 @@ HONEST_NORMS = {1: 0.4, 2: 2.5, 3: 0.8}
 SCHEDULE = ("far", "huge", "claim", "nan", "far", "layout", "error")
 #: the algorithms central DP refuses (a robust rule; updates applied one at a time)
 REFUSED = {"async-ffgg", "br-ffgg"}
+#: digits, the MLP, 60 training examples a client (test_sampling's run), every node every round
 RUN = {
-    "dataset": "digits",
-    "model": "mlp",
-    "partitioner": "iid",
-    "batch-size": 64,
-    "max-train-samples": 60,
+    **SAMPLING_RUN,
     "local-epochs": 1,
-    "finetune-epochs": 1,
     "pretrain-rounds": 2,
     "num-server-rounds": len(SCHEDULE) - 2,
     "evaluate-every": len(SCHEDULE),  # the final round only
@@ -236,15 +236,7 @@ def scripted_app(overrides: dict, adversary: bool, sent_log: dict) -> ClientApp:
             metrics["num-examples"] = claim
         return reply
 
-    @app.evaluate()
-    def evaluate(msg, context):
-        return honest(msg, context)
-
-    @app.query()
-    def query(msg, context):
-        return honest(msg, context)
-
-    return app
+    return answer_the_rest(app, honest)
 
 
 def run_scripted(overrides: dict, out, adversary: bool, silent=()):
@@ -442,59 +434,36 @@ def test_scaffolds_control_moves_by_the_planned_sample_not_the_replies_kept(task
 
 
 # --- a secret sample under dp ---------------------------------------------------------------
+#: test_sampling's run (8 nodes, 4 train in each of 4 rounds; the final round evaluates all)
 SAMPLED = {
-    "dataset": "digits",
-    "model": "mlp",
-    "partitioner": "iid",
-    "batch-size": 64,
-    "max-train-samples": 60,
-    "finetune-epochs": 1,
-    "pretrain-rounds": 0,
-    "num-server-rounds": 4,
-    "evaluate-every": 4,  # the final round only: it evaluates everyone, drawing nothing
-    "fraction-train": 0.5,
+    **SAMPLING_RUN,
     "dp": "central",
     "dp-clip": 1.0,
     "dp-noise": 2.0,
     "console": "compact",
 }
-EIGHT = 8  # 4 of them train in each round: C(8, 4) = 70 samples a round
 
 
-def recorded_run(overrides, out, silent=()):
+def recorded_run(overrides, out):
     """A run whose ClientApp records which partitions train in each round and every value a
-    client receives (its run and node config, each message's config); partition 1 replies
-    with a non-finite update when it trains (a drop the logs report)."""
+    client receives (``helpers.recording``); partition 1 replies with a non-finite update
+    when it trains (a drop the logs report)."""
     seen: dict[int, set[int]] = {}
     received: list = []
-    honest = build_client_app(overrides)
+    record = recording(overrides, seen, received)
 
     def app(msg: Message, context) -> Message:
-        received.extend(context.run_config.values())
-        received.extend(context.node_config.values())
-        received.extend(overrides.values())
-        if "config" in msg.content:
-            received.extend(msg.content["config"].values())
-        reply = honest(msg, context)
-        if msg.metadata.message_type == "train":
-            pid = int(context.node_config["partition-id"])
-            seen.setdefault(int(msg.content["config"]["server-round"]), set()).add(pid)
-            if pid == 1:
-                arrays = reply.content["arrays"]
-                reply.content["arrays"] = ArrayRecord(
-                    {n: Array(np.full_like(a.numpy(), np.nan)) for n, a in arrays.items()}
-                )
+        reply = record(msg, context)
+        if msg.metadata.message_type == "train" and context.node_config["partition-id"] == 1:
+            arrays = reply.content["arrays"]
+            reply.content["arrays"] = ArrayRecord(
+                {n: Array(np.full_like(a.numpy(), np.nan)) for n, a in arrays.items()}
+            )
         return reply
 
     cfg = Config.from_run_config({**overrides, "outputs-dir": str(out)})
-    grid = LocalGrid(app, EIGHT, run_config=overrides, seed=cfg.seed, silent=silent)
+    grid = LocalGrid(app, SAMPLING_NODES, run_config=overrides, seed=cfg.seed)
     return run(grid, cfg, out), seen, received, grid
-
-
-def replayed(rng: random.Random, rounds: int) -> dict[int, set[int]]:
-    """The partitions a stream samples for training in each round: 4 of the 8 in partition
-    order, one draw per round."""
-    return {r: set(rng.sample(range(EIGHT), EIGHT // 2)) for r in range(1, rounds + 1)}
 
 
 def numbers_in(value) -> set[int]:
