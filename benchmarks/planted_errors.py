@@ -743,6 +743,7 @@ PLANTS = [
             SENSITIVITY + "[fedavg]",
             SENSITIVITY + "[scaffold]",
             DPR + "test_under_central_dp_no_norm_reference_or_claim_median_decides_about_a_reply",
+            DPR + "test_one_reply_cannot_get_others_dropped_by_moving_the_norm_reference",
         ],
     ),
     Plant(

@@ -385,6 +385,39 @@ def test_under_central_dp_no_norm_reference_or_claim_median_decides_about_a_repl
         assert not [k for k in metrics if "norm" in k]
 
 
+def test_one_reply_cannot_get_others_dropped_by_moving_the_norm_reference(task_identity, means):
+    """The attack of issue 46: six nodes, honest gradients of norms 0.1, 0.1, 150, 150, 150
+    (aligned), the adversary's tiny (1e-3) or huge (1e6). With the update-norm bound the
+    adversary chose the round's lower median, 0.1 or 150, so the three honest outliers were
+    dropped or kept: the pre-noise sum moved by 3.00 where the accountant assumes at most C =
+    1 (2C replace-one). Under central DP all six count, and it moves by the adversary's own
+    clipped difference, 1 - 1e-3 (computed here)."""
+    from pflower.strategies import FFGG
+
+    d = 50
+    unit = np.full(d, 1 / math.sqrt(d))
+    arrays = ArrayRecord({"w": Array(np.ones(d, np.float32))})
+    sums = []
+    for adversary in (1e-3, 1e6):
+        strategy = private(FFGG)
+        msgs = list(strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid(range(6))))
+        sizes = {0: adversary, 1: 0.1, 2: 0.1, 3: 150.0, 4: 150.0, 5: 150.0}
+        replies = [
+            reply_to(
+                msg,
+                {"gradient": {"w": (sizes[msg.metadata.dst_node_id] * unit).astype(np.float32)}},
+            )
+            for msg in msgs
+        ]
+        _, metrics = strategy.aggregate_train(1, replies)
+        assert metrics["applied"] == 6 and metrics["dropped"] == 0
+        sums.append(6 * means[-1]["w"])
+    clipped = [min(n, 1.0) * unit.astype(np.float32).astype(np.float64) for n in (1e-3, 1e6)]
+    moved = float(np.linalg.norm(sums[1] - sums[0]))
+    assert moved == pytest.approx(float(np.linalg.norm(clipped[1] - clipped[0])), rel=1e-6)
+    assert moved <= 1.0
+
+
 def test_under_local_dp_a_replys_fate_is_the_fixed_allowance_alone(task_identity):
     """Local DP: an update is dropped if and only if it is longer than the allowance
     C (1 + z (sqrt(d) + 10)), computed here; the others' norms move no reference."""
