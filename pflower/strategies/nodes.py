@@ -207,7 +207,7 @@ class SecretRandom(random.Random):
     were sampled) tells them nothing of the next ones, as a Mersenne Twister's outputs could
     in principle, and without the seed no one can compute them. Its state (seed, counter)
     pickles, so a checkpoint continues the same stream; ``SecretRandom(seed)`` replays a
-    run's draws from the seed its ``results.json`` records."""
+    run's draws from the seed its ``results.json`` records (under ``dp``: its checkpoints)."""
 
     def __init__(self, seed: int = 0) -> None:
         super().__init__(seed)
