@@ -418,6 +418,18 @@ def test_one_reply_cannot_get_others_dropped_by_moving_the_norm_reference(task_i
     assert moved <= 1.0
 
 
+def test_central_dp_refuses_the_statistics_across_replies_of_a_rule_or_the_default_defence():
+    from pflower.strategies import FedAvg
+    from pflower.strategies.aggregators import CoordinateMedian
+    from pflower.strategies.combine import AdaptiveClipping
+
+    central = DPSettings(mode="central", clip=1.0, noise=1.0)
+    for extra in ({"clipping": AdaptiveClipping()}, {"robust": CoordinateMedian()}):
+        with pytest.raises(ValueError, match="'central'"):
+            FedAvg(privacy=central, **extra)
+    assert FedAvg(privacy=central).clipping is None  # the app's default under dp
+
+
 def test_under_local_dp_a_replys_fate_is_the_fixed_allowance_alone(task_identity):
     """Local DP: an update is dropped if and only if it is longer than the allowance
     C (1 + z (sqrt(d) + 10)), computed here; the others' norms move no reference."""

@@ -239,7 +239,9 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         only by a round's lower median of update norms, by at most ``update_norm_growth`` per
         round, never down (``checks.UpdateNormBound``). 1000 leaves room for honest PFLEGO
         gradients (a client sampled again after many rounds reached 103 x the run's largest
-        median) while a broken client's 1e30 is far beyond it. 0 turns the bound off.
+        median) while a broken client's 1e30 is far beyond it. 0 turns the bound off. Off
+        under central DP: its clip to ``dp-clip`` replaces it (a reply is clipped, never
+        dropped for its size, and no reference drawn from the others decides about it).
     update_norm_growth : float (default: ``update-norm-growth``)
         ``g``: the reference grows by at most this factor per round, so no sequence of
         replies can walk it up faster (after r rounds ``R <= g^r S / K``).
@@ -249,7 +251,9 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         node counted once (``checks.ClaimBound``). Either way a claim above it is capped,
         never dropped, and a node weighs at most what it reported at start-up (when the
         strategy asked) or in its first weighed reply. Set it above every honest size to
-        weigh each reply by its claim (the papers' weights).
+        weigh each reply by its claim (the papers' weights). Under central DP a claim weighs
+        nothing in the mean, and only this and its node's first claim bound it (no median
+        of the others' claims).
     max_failed_rounds : int (default: ``max-failed-rounds``)
         Stop the run (``checks.RunFailed``, with the drop reasons) after this many
         consecutive training rounds that applied no reply; 0: never.
