@@ -845,6 +845,15 @@ PLANTS = [
         [('"sample_seed": cfg.sample_seed,', '"sample_seed": cfg.seed,')],
         [DPR + "test_under_dp_the_sample_is_secret_and_no_output_or_message_reveals_it"],
     ),
+    Plant(
+        "dp release: local DP's allowance without the reply's own float rounding",
+        S + "privacy.py",
+        [("return allowance + eps * (sent_norm + allowance)", "return allowance")],
+        [
+            PRIVACY + "test_every_update_is_clipped_to_the_bound[ffgg-local]",
+            PRIVACY + "test_every_update_is_clipped_to_the_bound[fedalt+pretrain-local]",
+        ],
+    ),
     # --- who is sampled (issue 45 items 6, 7) -------------------------------------------
     Plant(
         "sampling: sample-seed -1 draws from random.Random(-1), not a secret",

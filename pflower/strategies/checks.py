@@ -175,13 +175,17 @@ def all_finite(tensors: Mapping[str, np.ndarray]) -> bool:
     return all(np.isfinite(t).all() for t in tensors.values())
 
 
+def shared_norm(current: Mapping[str, np.ndarray]) -> float:
+    """``||current||`` over all its arrays, in float64."""
+    return math.sqrt(sum(float(np.square(a.astype(np.float64)).sum()) for a in current.values()))
+
+
 def provisional_scale(current: Mapping[str, np.ndarray], lr: float | None = None) -> float:
     """``S``: the shared parameters' norm, at least ``SCALE_FLOOR sqrt(d)``, divided by
     ``lr``, what multiplies an update when it is applied (``ReplyChecks.step_factor``): an
     update of norm ``S`` moves theta by about its own length."""
-    sq = sum(float(np.square(a.astype(np.float64)).sum()) for a in current.values())
     d = sum(a.size for a in current.values())
-    scale = max(math.sqrt(sq), SCALE_FLOOR * math.sqrt(d))
+    scale = max(shared_norm(current), SCALE_FLOOR * math.sqrt(d))
     return scale / lr if lr else scale
 
 
@@ -586,7 +590,10 @@ class ReplyChecks:
             # no longer than the allowance; the allowance is then the bound (max(K R, it)
             # let a Byzantine reply reach ~700 x it), and no statistic across replies is used
             size = sum(int(np.size(a)) for a in current.values())
-            bound = privacy.reply_norm_allowance(size)
+            floats = [a.dtype for a in current.values() if np.issubdtype(a.dtype, np.floating)]
+            eps = max((float(np.finfo(t).eps) for t in floats), default=0.0)
+            sent = shared_norm(current) if weights and key is None else 0.0
+            bound = privacy.reply_norm_allowance(size, eps, sent)
         else:
             bound = limit.bound(norms, weights, provisional_scale(current, factor))
         what = "" if key is None else f" of {key}"

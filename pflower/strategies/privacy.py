@@ -849,9 +849,15 @@ class Mechanism:
             "larger dp-epsilon or fewer shared parameters"
         )
 
-    def reply_norm_allowance(self, size: int) -> float:
+    def reply_norm_allowance(self, size: int, eps: float = 0.0, sent_norm: float = 0.0) -> float:
         """Local DP: the norm an honest noised update stays below (``NOISE_NORM_SLACK``),
-        which the update-norm bound must let through; 0 otherwise."""
+        which the update-norm bound must let through; 0 otherwise. ``eps``: the machine
+        epsilon of the reply's dtype, whose rounding the server sees on top (the client
+        casts its float64 release: returned weights ``sent - noised``, error at most
+        ``eps / 2 (||sent|| + ||noised||)``, ``sent_norm`` 0 for a vector); twice that is
+        allowed. Without it, at ``dp-noise = 0`` every float32 reply clipped to exactly C
+        came back a hair above C and was dropped."""
         if not self.local:
             return 0.0
-        return self.dp.clip * (1.0 + self.noise * (math.sqrt(size) + NOISE_NORM_SLACK))
+        allowance = self.dp.clip * (1.0 + self.noise * (math.sqrt(size) + NOISE_NORM_SLACK))
+        return allowance + eps * (sent_norm + allowance)
