@@ -21,8 +21,12 @@ data) and adds Gaussian noise of standard deviation ``z C / m`` to that mean (Fl
     -> the algorithm's server step (its optimizer) on ``mean``
 
 Every algorithm's mean is then uniform over the sampled clients (data-size weights would make
-the sensitivity depend on the claims). Adaptive clipping (``dp-adaptive-clip``; Andrew et al.
-2021, "Differentially private learning with adaptive clipping"): the share of clients whose
+the sensitivity depend on the claims), and every decision before it reads one reply alone (no
+update-norm reference, no claims' median: ``checks``), so one client moves the sum by at most
+``C`` whatever it sends (``tests/test_dp_release.py``).
+
+Adaptive clipping (``dp-adaptive-clip``; Andrew et al. 2021, "Differentially private
+learning with adaptive clipping"): the share of clients whose
 update was not clipped, ``b = (sum_i [||update_i|| <= C] + N(0, s^2)) / m``, moves the clip
 geometrically toward the target quantile ``g``: ``C <- C exp(-eta (b - g))``; the updates' noise
 multiplier is raised so that the two releases together are worth ``z`` (Flower's
