@@ -29,6 +29,9 @@ T = "tests/"
 EXACT = [f"{T}test_exact_rounds.py", f"{T}test_bring_your_own.py"]
 PRIVACY = f"{T}test_privacy.py::"
 DEFENCE = f"{T}test_default_defence.py"
+#: issue 46 items 1, 2, 8: decisions local to the reply, the sensitivity end to end, the sample
+DPR = f"{T}test_dp_release.py::"
+SENSITIVITY = DPR + "test_one_clients_replies_move_each_rounds_pre_noise_sum_by_at_most_the_clip"
 #: the claim and evaluation tests of issue 45 (the files' other tests take ~10 minutes)
 B, C = f"{T}test_bounds.py::", f"{T}test_bad_clients.py::"
 CLAIMS = [
@@ -118,9 +121,9 @@ PLANTS = [
         S + "checks.py",
         [
             (
-                "bound = privacy.reply_norm_allowance(size) * (1.0 + FLOAT32_SLACK)",
+                "bound = privacy.reply_norm_allowance(size, eps, sent)",
                 "bound = max(limit.bound(norms, weights, provisional_scale(current, factor)), "
-                "privacy.reply_norm_allowance(size))",
+                "privacy.reply_norm_allowance(size, eps, sent))",
             )
         ],
         [DEFENCE],
@@ -795,6 +798,131 @@ PLANTS = [
             )
         ],
         [PRIVACY + "test_the_gaussian_pair_epsilon_integrates_unequal_variances"],
+    ),
+    # --- central DP: one reply decides about itself alone (issue 46 items 1, 2, 8) -------
+    Plant(
+        "dp release: the update-norm bound decides under central DP",
+        S + "checks.py",
+        [
+            (
+                "if self.norm_bound.factor and updates and not self.replies_alone:",
+                "if self.norm_bound.factor and updates:",
+            )
+        ],
+        [
+            SENSITIVITY + "[fedavg]",
+            SENSITIVITY + "[scaffold]",
+            DPR + "test_under_central_dp_no_norm_reference_or_claim_median_decides_about_a_reply",
+            DPR + "test_one_reply_cannot_get_others_dropped_by_moving_the_norm_reference",
+        ],
+    ),
+    Plant(
+        "dp release: the claim bound's median cap under central DP",
+        S + "checks.py",
+        [("relative=not self.replies_alone", "relative=True")],
+        [DPR + "test_under_central_dp_no_norm_reference_or_claim_median_decides_about_a_reply"],
+    ),
+    Plant(
+        "dp release: the central mean divides by the replies kept",
+        S + "privacy.py",
+        [
+            (
+                "m = max(sampled, len(vectors)) if self.sampling == FIXED else self.divisor",
+                "m = len(vectors) if self.sampling == FIXED else self.divisor",
+            )
+        ],
+        [SENSITIVITY + "[fedavg]", SENSITIVITY + "[ffgg]"],
+    ),
+    Plant(
+        "dp release: PFLEGO's alpha-weighted sum under central DP",
+        S + "pflego.py",
+        [
+            (
+                "if self.robust is not None or self.central_dp:",
+                "if self.robust is not None:",
+            )
+        ],
+        [SENSITIVITY + "[pflego]"],
+    ),
+    Plant(
+        "dp release: Scaffold's c moves by the replies kept, not the planned sample",
+        S + "scaffold.py",
+        [
+            (
+                "kept = self.privacy.divisor if self.central_dp else len(updates)",
+                "kept = len(updates)",
+            )
+        ],
+        [DPR + "test_scaffolds_control_moves_by_the_planned_sample_not_the_replies_kept"],
+    ),
+    Plant(
+        "dp release: FFGG's split diagnostic (update norms) released under central DP",
+        S + "ffgg.py",
+        [
+            (
+                "        if self.central_dp:\n            norms = []",
+                "        if False:\n            norms = []",
+            )
+        ],
+        [
+            SENSITIVITY + "[ffgg]",
+            DPR + "test_under_central_dp_no_norm_reference_or_claim_median_decides_about_a_reply",
+        ],
+    ),
+    Plant(
+        "dp release: the clients' grad-norm averaged into the round's metrics under central DP",
+        S + "server.py",
+        [
+            (
+                "        if self.central_dp:\n            rows = [",
+                "        if False:\n            rows = [",
+            )
+        ],
+        [
+            SENSITIVITY + "[ffgg]",
+            DPR + "test_under_central_dp_no_norm_reference_or_claim_median_decides_about_a_reply",
+        ],
+    ),
+    Plant(
+        "dp release: the logs name the node of a dropped reply under dp",
+        S + "checks.py",
+        [('return getattr(self, "privacy", None) is None', "return True")],
+        [
+            SENSITIVITY + "[fedavg]",
+            DPR + "test_under_dp_the_sample_is_secret_and_no_output_or_message_reveals_it",
+        ],
+    ),
+    Plant(
+        "dp release: results.json keeps the secret sample's seed under dp",
+        "pflower/report/results.py",
+        [
+            (
+                'if self.sampling is None or self.cfg.dp == "none" or not',
+                'if True or self.sampling is None or self.cfg.dp == "none" or not',
+            )
+        ],
+        [DPR + "test_under_dp_the_sample_is_secret_and_no_output_or_message_reveals_it"],
+    ),
+    Plant(
+        "dp release: a seeded sample accounted with amplification",
+        S + "server.py",
+        [('amplified=self.sampling["secret"],', "amplified=True,")],
+        [DPR + "test_under_dp_a_seeded_sample_is_accounted_without_amplification"],
+    ),
+    Plant(
+        "dp release: the sample drawn from the run's public seed under dp",
+        S + "server.py",
+        [('"sample_seed": cfg.sample_seed,', '"sample_seed": cfg.seed,')],
+        [DPR + "test_under_dp_the_sample_is_secret_and_no_output_or_message_reveals_it"],
+    ),
+    Plant(
+        "dp release: local DP's allowance without the reply's own float rounding",
+        S + "privacy.py",
+        [("return allowance + eps * (sent_norm + allowance)", "return allowance")],
+        [
+            PRIVACY + "test_every_update_is_clipped_to_the_bound[ffgg-local]",
+            PRIVACY + "test_every_update_is_clipped_to_the_bound[fedalt+pretrain-local]",
+        ],
     ),
     # --- who is sampled (issue 45 items 6, 7) -------------------------------------------
     Plant(

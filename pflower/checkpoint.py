@@ -6,12 +6,12 @@ everything the server's next round depends on:
 
 - the shared parameters after round r (``arrays``) and r itself;
 - the strategy's state (``strategy_state``): the client sampler's generator and its seed
-  (secret by default: a checkpoint is the server's own, as ``results.json``), the server
-  optimizer (Adam's moments and step count), the history of rounds 1..r, the pre-trained
-  personal slice, each node's first ``num-examples`` claim, the final round's per-client
-  rows, the run tag the devices version their state by, and what the algorithm keeps of
-  its own (``checkpoint_attributes`` of its strategy: Scaffold's control variate c, L2GD's
-  coin generator and iteration count);
+  (secret by default: a checkpoint is the server's own; under ``dp`` the only place that
+  holds it), the server optimizer (Adam's moments and step count), the history of rounds
+  1..r, the pre-trained personal slice, each node's first ``num-examples`` claim, the final
+  round's per-client rows, the run tag the devices version their state by, and what the
+  algorithm keeps of its own (``checkpoint_attributes`` of its strategy: Scaffold's control
+  variate c, L2GD's coin generator and iteration count);
 - the run config it was written under.
 
 Written atomically (temporary file, fsync, rename) as ``<run>/checkpoints/round-<r>.pt``;
@@ -64,7 +64,7 @@ _NAME = re.compile(r"^round-(\d+)\.pt$")
 #: what every ``PersonalizedStrategy`` carries from round to round
 STRATEGY_ATTRIBUTES = (
     "rng",
-    "sampling",  # the sampling seed (secret by default): results.json records it too
+    "sampling",  # the sampling seed (secret by default): results.json too, unless dp
     "refusals",  # the handshake's refusals so far (results.json's refused-nodes)
     "server_optimizer",
     "history",

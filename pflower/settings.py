@@ -792,9 +792,10 @@ class RunSettings(Settings):
             "who trains and is evaluated in each round: `-1`, a secret seed the server draws "
             "from OS entropy at start and never sends (no client can predict or steer the "
             "sample; the server's own `results.json` and checkpoints record it, key "
-            "`sampling`); >= 0: a reproducible sample from that seed, which every client "
-            "receives with the run config and can predict (tests and experiments: `pflower "
-            "experiment` sets it to each run's `seed`)"
+            "`sampling`, and under `dp` the checkpoints only); >= 0: a reproducible sample "
+            "from that seed, which every client receives with the run config and can predict "
+            "(tests and experiments: `pflower experiment` sets it to each run's `seed`; under "
+            "`dp` accounted without amplification)"
         ),
     )
     device: DeviceName = Field("auto", description="`auto` (GPU if present), `cpu`, `cuda`")

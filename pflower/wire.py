@@ -57,6 +57,12 @@ LOCAL_PART = "local-part"
 #: evaluation-reply metric: the mixing weight of the client's personalized model (APFL's
 #: alpha), in [0, 1]; the server summarizes it per round (mean, min, max over clients)
 ALPHA = "alpha"
+#: training-reply metric: the norm of the shared gradient the reply carries (FFGG's split
+#: diagnostic, ||Delta_m||)
+GRAD_NORM = "grad-norm"
+#: training-reply metrics that are norms of the shared update: a central-DP run releases none
+#: of them (the clip is there to hide a reply's norm; ``PersonalizedStrategy.round_metrics``)
+UPDATE_NORM_METRICS = frozenset({GRAD_NORM})
 
 
 class ConfigMismatch(ValueError):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from flwr.app import Context, RecordDict
+from flwr.app import Context, Message, RecordDict
 
-from pflower.client_app import make_job, parse_config
+from pflower.client_app import build_client_app, make_job, parse_config
 from pflower.strategies.client import ClientJob
 
 BASE = {
@@ -38,10 +38,8 @@ def corrupting_app(overrides, partitions, value: float):
     """pflower's ClientApp, except that the nodes of ``partitions`` reply to training with
     ``value`` in every entry of their arrays (a broken or Byzantine client)."""
     import numpy as np
-    from flwr.app import Array, ArrayRecord, Message
+    from flwr.app import Array, ArrayRecord
     from flwr.clientapp import ClientApp
-
-    from pflower.client_app import build_client_app
 
     honest = build_client_app(overrides)
     app = ClientApp()
@@ -69,6 +67,25 @@ def answer_the_rest(app, honest):
 
     @app.query()
     def query(msg, context):
+        return honest(msg, context)
+
+    return app
+
+
+def recording(overrides, seen: dict, received: list):
+    """pflower's ClientApp, recording which partitions train in which round (``seen``) and
+    every value a client receives: its run and node config, each message's config."""
+    honest = build_client_app(overrides)
+
+    def app(msg: Message, context: Context) -> Message:
+        received.extend(context.run_config.values())
+        received.extend(context.node_config.values())
+        received.extend(overrides.values())  # what run_local's ClientApp runs with
+        if "config" in msg.content:
+            received.extend(msg.content["config"].values())
+        if msg.metadata.message_type == "train":
+            r = int(msg.content["config"]["server-round"])
+            seen.setdefault(r, set()).add(int(context.node_config["partition-id"]))
         return honest(msg, context)
 
     return app

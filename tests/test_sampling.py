@@ -13,8 +13,9 @@ from collections import Counter
 
 import pytest
 import torch
-from flwr.app import Context, Message
+from flwr.app import Message
 from flwr.clientapp import ClientApp
+from helpers import recording
 from torch import nn
 
 from pflower.client_app import build_client_app
@@ -153,25 +154,6 @@ RUN = {
     "fraction-train": 0.5,
 }
 NODES = 8  # 4 of them train in each round: C(8, 4) = 70 samples a round
-
-
-def recording(overrides, seen: dict, received: list):
-    """pflower's ClientApp, recording which partitions train in which round (``seen``) and
-    every value a client receives: its run and node config, each message's config."""
-    honest = build_client_app(overrides)
-
-    def app(msg: Message, context: Context) -> Message:
-        received.extend(context.run_config.values())
-        received.extend(context.node_config.values())
-        received.extend(overrides.values())  # what run_local's ClientApp runs with
-        if "config" in msg.content:
-            received.extend(msg.content["config"].values())
-        if msg.metadata.message_type == "train":
-            r = int(msg.content["config"]["server-round"])
-            seen.setdefault(r, set()).add(int(context.node_config["partition-id"]))
-        return honest(msg, context)
-
-    return app
 
 
 def run_recorded(overrides, out, grid_type=LocalGrid, **grid_kwargs):

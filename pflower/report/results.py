@@ -49,8 +49,9 @@ class RunReport:
     #: the SHA-256 hash of the FAB the run came from (``flwr run``), "" for a run in process
     fab_hash: str = ""
     #: the generator clients were sampled from: its seed (secret unless ``sample-seed`` >= 0,
-    #: so in ``results.json``, the server's own file, and never in ``config.json``), whether
-    #: it was secret, its kind (``strategies.nodes.sample_stream``)
+    #: so in ``results.json``, the server's own file, and never in ``config.json``; under
+    #: ``dp`` not there either: ``released_sampling``), whether it was secret, its kind
+    #: (``strategies.nodes.sample_stream``)
     sampling: dict | None = None
     #: the nodes the start-up handshake refused: node, partition id, reason
     refused: list = dataclasses.field(default_factory=list)
@@ -121,10 +122,27 @@ class RunReport:
         return out
 
     @property
+    def released_sampling(self) -> dict | None:
+        """``sampling`` as ``results.json`` holds it. Under ``dp`` a secret sample's seed is
+        withheld: it replays who was sampled in every round, and the accountant's
+        amplification by sampling assumes that no one who sees the released model knows
+        that (issue 46; the checkpoints, the server's own state, still hold it). A
+        reproducible sample's seed is in the run config anyway (and accounted without
+        amplification)."""
+        if self.sampling is None or self.cfg.dp == "none" or not self.sampling.get("secret"):
+            return self.sampling
+        return {**self.sampling, "seed": None, "seed-withheld": WITHHELD}
+
+    @property
     def dropped(self) -> int:
         return sum(sum(r.dropped.values()) for r in self.rounds)
 
 
+#: why a dp run's ``results.json`` holds no sampling seed (``RunReport.released_sampling``)
+WITHHELD = (
+    "dp: the secret sample's seed would tell who was sampled in every round, which the "
+    "accountant's amplification assumes no one knows; the checkpoints (the server's own) hold it"
+)
 SHARED_FILE = "final-shared.pt"
 #: clients.csv's column of a client's test examples (its evaluation's ``num-examples``): beside
 #: ``num-train``, a column named ``num-examples`` would not say which examples it counts
@@ -224,7 +242,7 @@ def write(report: RunReport, out: Path | None = None) -> Path:
                 "dropped-replies": report.dropped,
                 "seconds": report.seconds,
                 "privacy": report.privacy,
-                "sampling": report.sampling,
+                "sampling": report.released_sampling,
                 "refused-nodes": report.refused,
             },
             indent=2,

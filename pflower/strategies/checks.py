@@ -54,6 +54,19 @@ N - f honest replies each weigh at least ``m`` hold at most ``f kappa / (f kappa
 of the weights (docs/threat-model.md). ``kappa`` = ``CLAIM_FACTOR`` (10) leaves the
 built-in partitioners' honest sizes uncapped (``benchmarks/claim_weights.py``).
 
+**Under central DP every decision about a reply depends on that reply alone** (issue 46):
+the mechanism's sensitivity is one clipped reply, so nothing another client sent may decide
+whether a reply counts or how much. The update-norm bound (a lower median of the round's
+norms, carried into later rounds) is off: the clip to ``dp-clip`` replaces it, a reply is
+clipped, never dropped for its size. Claims weigh nothing in the mean (it is uniform over
+the sampled clients, ``privacy.Mechanism.mean``), and the claim bound's relative cap (a
+median of the others' first claims) is not taken: a claim is bounded only by its own node's
+first claim and ``max-num-examples`` (it weighs the round's training metrics, which are not
+privatized). What is left is local to the reply: its layout, its values being finite, its
+round; a reply dropped for them counts as a zero update (the mean's divisor is the planned
+sample, whatever was dropped). The logs do not name the node of a dropped or capped reply
+under ``dp`` (they would tell who was sampled in the round).
+
 **Robust rules' preconditions** are checked every round against the replies kept (``combine``:
 a round that cannot meet them is skipped and counted, never run with a smaller f).
 
@@ -105,9 +118,6 @@ RESET_AFTER = 2
 VALUE_REASONS = ("non-finite values", "update norm")
 #: the provisional scale's floor per coordinate (a zero-initialised model has ||theta|| = 0)
 SCALE_FLOOR = 0.1
-#: local DP's allowance is met up to this relative slack: float32 rounding of a clipped
-#: update (1e-5 of C when it travels as weights of norm ~100 C); a Byzantine reply gains 0.1 %
-FLOAT32_SLACK = 1e-3
 
 
 class RunFailed(RuntimeError):
@@ -165,13 +175,17 @@ def all_finite(tensors: Mapping[str, np.ndarray]) -> bool:
     return all(np.isfinite(t).all() for t in tensors.values())
 
 
+def shared_norm(current: Mapping[str, np.ndarray]) -> float:
+    """``||current||`` over all its arrays, in float64."""
+    return math.sqrt(sum(float(np.square(a.astype(np.float64)).sum()) for a in current.values()))
+
+
 def provisional_scale(current: Mapping[str, np.ndarray], lr: float | None = None) -> float:
     """``S``: the shared parameters' norm, at least ``SCALE_FLOOR sqrt(d)``, divided by
     ``lr``, what multiplies an update when it is applied (``ReplyChecks.step_factor``): an
     update of norm ``S`` moves theta by about its own length."""
-    sq = sum(float(np.square(a.astype(np.float64)).sum()) for a in current.values())
     d = sum(a.size for a in current.values())
-    scale = max(math.sqrt(sq), SCALE_FLOOR * math.sqrt(d))
+    scale = max(shared_norm(current), SCALE_FLOOR * math.sqrt(d))
     return scale / lr if lr else scale
 
 
@@ -249,13 +263,18 @@ class ClaimBound:
         return self.factor * lower_median(list(pool.values())) if pool else math.inf
 
     def weigh(
-        self, claims: Mapping[int, float], known: Mapping[int, float]
+        self, claims: Mapping[int, float], known: Mapping[int, float], relative: bool = True
     ) -> dict[int, tuple[float, str]]:
         """The round's weights: node -> (``min(claim, first, cap)``, why it is below the
         claim: '' if it is not). The claims of nodes not yet in the pool become their first
         claims and join it before the cap is taken: the cap is of every node known and this
-        round's newcomers (in a first round of 2 replies a liar meets the honest claim)."""
-        cap = self.cap(known, claims)
+        round's newcomers (in a first round of 2 replies a liar meets the honest claim).
+        ``relative`` False (central DP): no cap from the others' claims, only
+        ``max_num_examples`` (if set): each weight then depends on its own node alone."""
+        if relative:
+            cap = self.cap(known, claims)
+        else:
+            cap = float(self.max_num_examples) if self.max_num_examples else math.inf
         out = {}
         for node, claim in claims.items():
             first = known.get(node, self.claimed.get(node))
@@ -285,7 +304,9 @@ class ReplyChecks:
     """Mixin of ``PersonalizedStrategy``: checks replies, drops and counts bad ones, bounds
     the rest. It expects ``_asked``, ``_sent``, ``_current``, ``reply_key``,
     ``extra_reply_keys``, ``num_train_of``, ``_log(round)`` and ``pretraining(round)``, and
-    keeps its own state in ``norm_bound``, ``claims``, ``value_drops`` and ``failed_rounds``."""
+    keeps its own state in ``norm_bound``, ``claims``, ``value_drops`` and ``failed_rounds``.
+    Under central DP (``central_dp``, where the strategy has it) it decides about a reply from
+    that reply alone (module docstring); under any ``privacy`` its logs name no node."""
 
     norm_bound: UpdateNormBound
     claims: ClaimBound
@@ -319,6 +340,18 @@ class ReplyChecks:
     update_norm_first_scale = _part_state("norm_bound", "first_scale")
     claimed_num_examples = _part_state("claims", "claimed")
     claimed_evaluate_examples = _part_state("eval_claims", "claimed")
+
+    @property
+    def replies_alone(self) -> bool:
+        """Central DP: every decision about a reply depends on that reply alone (no
+        update-norm reference, no claim median; module docstring)."""
+        return bool(getattr(self, "central_dp", False))
+
+    @property
+    def names_nodes(self) -> bool:
+        """Whether the logs may name the node of a reply: not under ``dp``, where a line
+        naming it would tell that it was sampled in the round (issue 46)."""
+        return getattr(self, "privacy", None) is None
 
     # --- who sent what -------------------------------------------------------------------
     def _count_silent(self, server_round: int, replies: list[Message]) -> None:
@@ -361,7 +394,10 @@ class ReplyChecks:
         dropped[reason] = dropped.get(reason, 0) + 1
         if reason.startswith(VALUE_REASONS):
             self._round_value_drops.add(node_id)
-        log.warning("round %d: dropped the reply of node %d: %s", server_round, node_id, reason)
+        if self.names_nodes:
+            log.warning("round %d: dropped the reply of node %d: %s", server_round, node_id, reason)
+        else:
+            log.warning("round %d: dropped a reply: %s", server_round, reason)
 
     def _metrics(self, server_round: int, msg: Message, required: Iterable[str]) -> dict | None:
         """The reply's single MetricRecord as a dict, or None (and a drop) if malformed. A
@@ -409,6 +445,9 @@ class ReplyChecks:
         return out
 
     def _capped(self, server_round, node: int, claim: float, weight: float, reason: str) -> None:
+        if not self.names_nodes:
+            log.warning("round %d: a num-examples claim was capped: %s", server_round, reason)
+            return
         log.warning(
             "round %d: node %d's num-examples %g weighs %g: %s",
             server_round,
@@ -493,8 +532,10 @@ class ReplyChecks:
         """Drop (and count) the replies whose update norm exceeds the bound
         (``UpdateNormBound``), at every round size; then weigh the rest by their bounded
         claims (``weigh_claims``): a claim is capped, never a reason to drop a reply, and
-        no norm statistic sees a claim."""
-        if self.norm_bound.factor and updates:
+        no norm statistic sees a claim. Under central DP (``replies_alone``) no reply is
+        dropped for its norm: the mechanism clips it to ``dp-clip``, and a bound drawn from
+        the others' norms would make one client's reply decide another's fate."""
+        if self.norm_bound.factor and updates and not self.replies_alone:
             updates = self._bound_norms(server_round, current, updates)
         return self.weigh_claims(server_round, updates)
 
@@ -502,7 +543,8 @@ class ReplyChecks:
         """The updates with their ``num-examples`` bounded (``ClaimBound.weigh``): a capped
         one is a copy whose metrics carry the bounded weight, so every aggregation and the
         round's metrics weigh by it; how many were capped is ``train_claims_capped``."""
-        weights = self.claims.weigh({u.node_id: u.num_examples for u in updates}, self.num_train_of)
+        claims = {u.node_id: u.num_examples for u in updates}
+        weights = self.claims.weigh(claims, self.num_train_of, relative=not self.replies_alone)
         out = []
         self.train_claims_capped = 0
         for u in updates:
@@ -548,9 +590,10 @@ class ReplyChecks:
             # no longer than the allowance; the allowance is then the bound (max(K R, it)
             # let a Byzantine reply reach ~700 x it), and no statistic across replies is used
             size = sum(int(np.size(a)) for a in current.values())
-            # x (1 + FLOAT32_SLACK): a reply clipped to C and sent in float32 (or as weights,
-            # whose rounding is relative to theta, not to the update) is a little above C
-            bound = privacy.reply_norm_allowance(size) * (1.0 + FLOAT32_SLACK)
+            floats = [a.dtype for a in current.values() if np.issubdtype(a.dtype, np.floating)]
+            eps = max((float(np.finfo(t).eps) for t in floats), default=0.0)
+            sent = shared_norm(current) if weights and key is None else 0.0
+            bound = privacy.reply_norm_allowance(size, eps, sent)
             name = "local DP's allowance"
         else:
             bound = limit.bound(norms, weights, provisional_scale(current, factor))

@@ -41,8 +41,9 @@ gradient clipped and decayed), as FedAlt's two phases do. The full-batch solvers
 ``cg`` take plain steps only, so FFGG and Local FFGG refuse these keys with them at start.
 
 **Split diagnostic** (§2.4): ||Delta_m|| ~ ||F_m(theta)|| after fine-tuning. Its mean and max
-over the round's clients are reported every round (``grad-norm-mean``, ``grad-norm-max``);
-near zero means theta no longer learns: personalize fewer parameters.
+over the round's clients are reported every round (``grad-norm-mean``, ``grad-norm-max``;
+not under central DP, which releases no norm of a shared update); near zero means theta no
+longer learns: personalize fewer parameters.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ from pflower.strategies.registry import Algorithm
 from pflower.strategies.server import PersonalizedStrategy
 from pflower.task import split as splits
 from pflower.task import train as training
-from pflower.wire import DELTA, GRADIENT, NUM_EXAMPLES, ClientUpdate, to_record
+from pflower.wire import DELTA, GRAD_NORM, GRADIENT, NUM_EXAMPLES, ClientUpdate, to_record
 
 if TYPE_CHECKING:
     from pflower.config import Config
@@ -156,8 +157,12 @@ class _GradientStrategy(PersonalizedStrategy):
         )
 
     def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
-        """Adds the split diagnostic: mean and max of ||Delta_m|| over the round's clients."""
-        norms = [u.metrics["grad-norm"] for u in updates if "grad-norm" in u.metrics]
+        """Adds the split diagnostic: mean and max of ||Delta_m|| over the round's clients
+        (not under central DP: they are norms of the shared updates, which it releases
+        only clipped and noised)."""
+        norms = [u.metrics[GRAD_NORM] for u in updates if GRAD_NORM in u.metrics]
+        if self.central_dp:
+            norms = []
         metrics = super().round_metrics(updates)
         if norms:
             metrics.update(
@@ -296,7 +301,7 @@ class FFGGClient(_FFGGClientBase):
         record = to_record({n: g.cpu() for n, g in zip(job.split.shared, grads)})
         return record, {
             NUM_EXAMPLES: job.num_train,
-            "grad-norm": norm,
+            GRAD_NORM: norm,
             "data-passes": seen / max(1, job.num_train) + 1.0,
             **self.restored(job),
         }
@@ -336,7 +341,7 @@ class LocalFFGGClient(_FFGGClientBase):
         return to_record(delta), {
             NUM_EXAMPLES: job.num_train,
             "train-loss": result.loss,
-            "grad-norm": norm,
+            GRAD_NORM: norm,
             "data-passes": (seen + result.examples) / max(1, job.num_train),
             **self.restored(job),
         }

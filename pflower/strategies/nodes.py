@@ -207,7 +207,7 @@ class SecretRandom(random.Random):
     were sampled) tells them nothing of the next ones, as a Mersenne Twister's outputs could
     in principle, and without the seed no one can compute them. Its state (seed, counter)
     pickles, so a checkpoint continues the same stream; ``SecretRandom(seed)`` replays a
-    run's draws from the seed its ``results.json`` records."""
+    run's draws from the seed its ``results.json`` records (under ``dp``: its checkpoints)."""
 
     def __init__(self, seed: int = 0) -> None:
         super().__init__(seed)
@@ -334,9 +334,14 @@ class NodeSampling:
 
     def sample_line(self) -> str:
         """How clients are sampled, for the log (never the secret seed)."""
+        if self.sampling["secret"] and getattr(self, "privacy", None) is not None:
+            return "secret (a seed from OS entropy; dp: results.json withholds it)"
         if self.sampling["secret"]:
             return "secret (a seed from OS entropy; results.json records it)"
-        return f"reproducible (sample-seed {self.sampling['seed']}: every client can predict it)"
+        line = f"reproducible (sample-seed {self.sampling['seed']}: every client can predict it"
+        if getattr(self, "privacy", None) is not None:
+            line += "; dp: accounted without amplification"
+        return line + ")"
 
     @property
     def refused(self) -> dict[int, str]:

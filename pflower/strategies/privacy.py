@@ -21,8 +21,12 @@ data) and adds Gaussian noise of standard deviation ``z C / m`` to that mean (Fl
     -> the algorithm's server step (its optimizer) on ``mean``
 
 Every algorithm's mean is then uniform over the sampled clients (data-size weights would make
-the sensitivity depend on the claims). Adaptive clipping (``dp-adaptive-clip``; Andrew et al.
-2021, "Differentially private learning with adaptive clipping"): the share of clients whose
+the sensitivity depend on the claims), and every decision before it reads one reply alone (no
+update-norm reference, no claims' median: ``checks``), so one client moves the sum by at most
+``C`` whatever it sends (``tests/test_dp_release.py``).
+
+Adaptive clipping (``dp-adaptive-clip``; Andrew et al. 2021, "Differentially private
+learning with adaptive clipping"): the share of clients whose
 update was not clipped, ``b = (sum_i [||update_i|| <= C] + N(0, s^2)) / m``, moves the clip
 geometrically toward the target quantile ``g``: ``C <- C exp(-eta (b - g))``; the updates' noise
 multiplier is raised so that the two releases together are worth ``z`` (Flower's
@@ -849,9 +853,15 @@ class Mechanism:
             "larger dp-epsilon or fewer shared parameters"
         )
 
-    def reply_norm_allowance(self, size: int) -> float:
+    def reply_norm_allowance(self, size: int, eps: float = 0.0, sent_norm: float = 0.0) -> float:
         """Local DP: the norm an honest noised update stays below (``NOISE_NORM_SLACK``),
-        which the update-norm bound must let through; 0 otherwise."""
+        which the update-norm bound must let through; 0 otherwise. ``eps``: the machine
+        epsilon of the reply's dtype, whose rounding the server sees on top (the client
+        casts its float64 release: returned weights ``sent - noised``, error at most
+        ``eps / 2 (||sent|| + ||noised||)``, ``sent_norm`` 0 for a vector); twice that is
+        allowed. Without it, at ``dp-noise = 0`` every float32 reply clipped to exactly C
+        came back a hair above C and was dropped."""
         if not self.local:
             return 0.0
-        return self.dp.clip * (1.0 + self.noise * (math.sqrt(size) + NOISE_NORM_SLACK))
+        allowance = self.dp.clip * (1.0 + self.noise * (math.sqrt(size) + NOISE_NORM_SLACK))
+        return allowance + eps * (sent_norm + allowance)

@@ -112,7 +112,11 @@ class Scaffold(PersonalizedStrategy):
             mean_dc = self.combine(
                 [u.extra[CONTROL_DELTA] for u in updates], ones, kind=CONTROL_DELTA
             )
-        share = len(updates) / max(self.num_nodes, len(updates))
+        # c += (1/N) sum_S dc_i = (|S|/N) mean; under central DP the mean is over the planned
+        # sample (a dropped reply a zero), so |S| is that sample, not the replies kept: a
+        # factor that counted the kept replies would scale the released c by the data
+        kept = self.privacy.divisor if self.central_dp else len(updates)
+        share = kept / max(self.num_nodes, kept)
         # np.asarray: a 0-dim c plus a scalar is a NumPy scalar, which Array refuses
         self.control = {
             k: np.asarray(c + share * mean_dc[k], dtype=c.dtype) for k, c in self.control.items()

@@ -97,6 +97,7 @@ from pflower.wire import (
     SERVER_ROUND,
     SETTINGS_FINGERPRINT,
     TRAIN,
+    UPDATE_NORM_METRICS,
     ClientUpdate,
     array_view,
     settings_fingerprint,
@@ -202,8 +203,9 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
     sample_seed : int (default: ``sample-seed``)
         -1: clients are sampled from a secret seed drawn from OS entropy now
         (``nodes.SecretRandom``), which nothing sent to a client reveals (``sampling`` holds
-        it; ``results.json`` and checkpoints record it); >= 0: ``random.Random(sample_seed)``,
-        a reproducible sample anyone who knows the seed can predict.
+        it; checkpoints record it, and ``results.json`` unless ``privacy`` is on); >= 0:
+        ``random.Random(sample_seed)``, a reproducible sample anyone who knows the seed can
+        predict (under ``privacy``: accounted without amplification).
     model_fingerprint : str (default: "")
         The fingerprint (``pflower.task.fingerprint.model_fingerprint``) of the model every
         node must run, checked at the start-up handshake; "": the app sets its run model's,
@@ -237,7 +239,9 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         only by a round's lower median of update norms, by at most ``update_norm_growth`` per
         round, never down (``checks.UpdateNormBound``). 1000 leaves room for honest PFLEGO
         gradients (a client sampled again after many rounds reached 103 x the run's largest
-        median) while a broken client's 1e30 is far beyond it. 0 turns the bound off.
+        median) while a broken client's 1e30 is far beyond it. 0 turns the bound off. Off
+        under central DP: its clip to ``dp-clip`` replaces it (a reply is clipped, never
+        dropped for its size, and no reference drawn from the others decides about it).
     update_norm_growth : float (default: ``update-norm-growth``)
         ``g``: the reference grows by at most this factor per round, so no sequence of
         replies can walk it up faster (after r rounds ``R <= g^r S / K``).
@@ -247,7 +251,9 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         node counted once (``checks.ClaimBound``). Either way a claim above it is capped,
         never dropped, and a node weighs at most what it reported at start-up (when the
         strategy asked) or in its first weighed reply. Set it above every honest size to
-        weigh each reply by its claim (the papers' weights).
+        weigh each reply by its claim (the papers' weights). Under central DP a claim weighs
+        nothing in the mean, and only this and its node's first claim bound it (no median
+        of the others' claims).
     max_failed_rounds : int (default: ``max-failed-rounds``)
         Stop the run (``checks.RunFailed``, with the drop reasons) after this many
         consecutive training rounds that applied no reply; 0: never.
@@ -370,10 +376,12 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         if clipping is None:  # the app's: adaptive clipping unless a rule or DP replaces it
             clipping = adaptive_clipping(app) if robust is None and not privacy.on else False
         self.clipping = clipping or None
-        if self.central_dp and robust is not None:
+        if self.central_dp and (robust is not None or self.clipping is not None):
             raise ValueError(
-                "privacy mode 'central' with a robust rule: the noise is calibrated to the "
-                "mean's sensitivity; use local DP with a robust rule, or no rule"
+                "privacy mode 'central' with a robust rule or the default defence's clipping: "
+                "the noise is calibrated to the mean's sensitivity, and their statistics across "
+                "replies would decide one reply by the others; use local DP with a robust rule, "
+                "or no rule"
             )
         self.attack_simulation = attack_simulation
         self.init_checks(max_update_norm, update_norm_growth, max_num_examples, max_failed_rounds)
@@ -753,8 +761,13 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
 
     def round_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
         """The round's training metrics: the replies' metrics weighted by their bounded
-        num-examples, losses clipped (``history.weighted_mean_metrics``)."""
-        return weighted_mean_metrics([u.metrics for u in updates])
+        num-examples, losses clipped (``history.weighted_mean_metrics``); under central DP
+        without the norms of the shared updates (``UPDATE_NORM_METRICS``), which the clip is
+        there to hide."""
+        rows = [u.metrics for u in updates]
+        if self.central_dp:
+            rows = [{k: v for k, v in r.items() if k not in UPDATE_NORM_METRICS} for r in rows]
+        return weighted_mean_metrics(rows)
 
     def aggregate_train(
         self, server_round, replies
