@@ -112,6 +112,10 @@ def test_fedalt_pipeline_pretrain_then_personalize(tmp_path):
 
 
 def test_ffgg_and_local_ffgg_run_and_report_the_split_diagnostic(tmp_path):
+    """FFGG through the engine; Local FFGG, whose report is written by the same code, on a
+    ``LocalGrid`` (the same trajectory as the engine's: the test below)."""
+    from pflower.experiments.local_grid import run_local
+
     for algorithm in ("ffgg", "local-ffgg"):
         overrides = {
             "algorithm": algorithm,
@@ -122,7 +126,10 @@ def test_ffgg_and_local_ffgg_run_and_report_the_split_diagnostic(tmp_path):
             "server-lr": 0.5,
             "outputs-dir": str(tmp_path / algorithm),
         }
-        report = simulate(overrides, num_nodes=3)
+        if algorithm == "ffgg":
+            report = simulate(overrides, num_nodes=3)
+        else:
+            report = run_local(overrides, 3)
         assert report.dropped == 0
         for r in report.rounds:
             assert 0 < r.train["grad-norm-mean"] <= r.train["grad-norm-max"]
@@ -131,28 +138,12 @@ def test_ffgg_and_local_ffgg_run_and_report_the_split_diagnostic(tmp_path):
         assert (out / "split-diagnostic.png").stat().st_size > 0
 
 
-def test_a_run_is_reproducible_from_its_seed(tmp_path):
-    """Same config and seeds (``sample-seed`` too: by default the sample is secret, new in
-    every run), new node ids: the same clients are sampled, same results."""
-    overrides = {
-        "sample-seed": 0,
-        "algorithm": "fedavg-ft",
-        "dataset": "digits",
-        "num-server-rounds": 2,
-        "fraction-train": 0.34,
-        "evaluate-every": 2,
-        "finetune-epochs": 1,
-        "outputs-dir": str(tmp_path),
-    }
-    first, second = simulate(overrides, num_nodes=3), simulate(overrides, num_nodes=3)
-    assert first.final["personal-accuracy"] == second.final["personal-accuracy"]
-    assert first.final["global-loss"] == pytest.approx(second.final["global-loss"], rel=1e-6)
-
-
 def test_local_grid_run_equals_the_simulation_engine_run(tmp_path):
     """The benchmarks' in-process LocalGrid changes the transport only: the same config gives
     the same trajectory as Flower's simulation engine (sampling, seeds, client state); the
-    engine's dispatcher is the one the server indexed (``pflower.flower_dispatch``)."""
+    engine's dispatcher is the one the server indexed (``pflower.flower_dispatch``). A run is
+    reproducible from its seeds (``sample-seed`` too: by default the sample is secret, new in
+    every run) on new node ids: the engine's random ones, and LocalGrid's, twice."""
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
     from pflower import flower_dispatch
@@ -180,8 +171,10 @@ def test_local_grid_run_equals_the_simulation_engine_run(tmp_path):
     flower_dispatch.restore_message_dispatch()
     engine = simulate(overrides, num_nodes=4)
     assert InMemoryLinkState.get_message_ins is flower_dispatch.get_message_ins
-    local = run_local(overrides, 4)
-    errors = [[r.server["theta-error"] for r in rep.rounds] for rep in (engine, local)]
+    local, again = run_local(overrides, 4), run_local(overrides, 4)
+    errors = [[r.server["theta-error"] for r in rep.rounds] for rep in (engine, local, again)]
     assert len(errors[0]) == 5
     np.testing.assert_allclose(errors[0], errors[1], rtol=1e-6)
+    assert errors[1] == errors[2]
     assert engine.final["personal-loss"] == pytest.approx(local.final["personal-loss"], rel=1e-6)
+    assert local.final["personal-loss"] == again.final["personal-loss"]
