@@ -107,6 +107,7 @@ AUTO: dict[str, tuple[Any, Any]] = {
     "personal_lr": (0.0, 0.0),  # generic: 0 = the client lr
     "robust_aggregator": ("auto", "adaptive-clipping"),
     "robust_bucket_size": (0, 0),
+    "robust_clip_factor": (0.0, 1.0),
 }
 
 
@@ -589,12 +590,13 @@ class RunSettings(Settings):
         description="centered clipping's radius",
     )
     robust_clip_factor: float = Field(
-        1.0,
+        0.0,
         alias="robust-clip-factor",
-        ge=1,
+        ge=0,
         description=(
             "adaptive clipping's radius: this many times the lower median of the updates' "
-            "distances to the round's robust centre"
+            "distances to the round's robust centre (>= 1); 0: the algorithm's default, 2 for "
+            "PFLEGO (its server's Adam step is scale-free), 1 otherwise"
         ),
     )
     robust_clip_iterations: int = Field(
@@ -890,6 +892,11 @@ class RunSettings(Settings):
                 f"key 'task' = 'classification': loss {self.loss!r}, model {self.model!r}, "
                 f"data set {self.dataset!r} make a regression problem; use task 'regression' "
                 "or 'auto'"
+            )
+        if 0 < self.robust_clip_factor < 1:
+            raise ConfigError(
+                f"key 'robust-clip-factor' = {self.robust_clip_factor}: a multiple of the lower "
+                "median distance, must be 0 (the algorithm's default) or >= 1"
             )
         if 0 < self.max_update_norm < 1:
             raise ConfigError(

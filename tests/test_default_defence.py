@@ -188,6 +188,21 @@ def flip_to(size):
     return attack
 
 
+def test_the_clip_factor_is_the_algorithms_default_unless_set():
+    """``robust-clip-factor`` = 0 (the app's default) is 2 for PFLEGO (a scale-free Adam step)
+    and 1 for every other algorithm; a value set is kept; one between 0 and 1 is refused."""
+    from pflower.strategies.combine import adaptive_clipping
+
+    for algorithm, factor in (("fedavg", 1.0), ("ffgg", 1.0), ("apfl", 1.0), ("pflego", 2.0)):
+        cfg = Config.from_run_config({"algorithm": algorithm})
+        assert cfg.robust_clip_factor == factor
+        assert adaptive_clipping(cfg).factor == factor
+    cfg = Config.from_run_config({"algorithm": "pflego", "robust-clip-factor": 3.0})
+    assert adaptive_clipping(cfg).factor == 3.0
+    with pytest.raises(Exception, match="'robust-clip-factor' = 0.5"):
+        Config.from_run_config({"algorithm": "fedavg", "robust-clip-factor": 0.5})
+
+
 @pytest.mark.parametrize("algorithm", ["fedavg", "ffgg", "scaffold"])
 def test_one_byzantine_client_in_ten_at_defaults_is_clipped_in_every_phase(algorithm, tmp_path):
     overrides = {**FAST, "algorithm": algorithm}
