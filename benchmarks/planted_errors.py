@@ -979,6 +979,35 @@ PLANTS = [
         [('    return f"{kind} (data-path ignored)" if data_path else kind', "    return kind")],
         [T + "test_sampling.py"],
     ),
+    # --- the Flower boundary (issue 48) ---------------------------------------------------
+    Plant(
+        "flower boundary: a grid not recognised takes the fast path (no window, no deadline)",
+        S + "server.py",
+        [
+            (
+                "if window or engine in (grids.DEPLOYMENT, grids.OTHER):",
+                "if window or engine in (grids.DEPLOYMENT,):",
+            )
+        ],
+        [T + "test_flower_boundary.py"],
+    ),
+    Plant(
+        "flower boundary: a warm SuperExec task that fails exits without its traceback",
+        "pflower/deploy/warm_exec.py",
+        [("        traceback.print_exc()\n        return 1", "        return 1")],
+        [T + "test_flower_boundary.py"],
+    ),
+    Plant(
+        "flower boundary: the dispatcher fallback catches RuntimeError only",
+        "pflower/flower/dispatch.py",
+        [
+            (
+                "    except Exception as err:  # moved, renamed",
+                "    except RuntimeError as err:  # moved, renamed",
+            )
+        ],
+        [T + "test_flower_boundary.py"],
+    ),
 ]
 
 

@@ -99,10 +99,10 @@ OPERATIONAL_KEYS = frozenset(
 
 def in_deployment(grid: Grid) -> bool:
     """Whether ``grid`` reaches real SuperNodes (not Flower's simulation engine or
-    pflower's in-process ``LocalGrid``)."""
-    while hasattr(grid, "grid"):  # pflower's wrappers (Window, RoundDeadline)
-        grid = grid.grid
-    return type(grid).__name__ not in ("InMemoryGrid", "LocalGrid")
+    pflower's in-process ``LocalGrid``; a grid not recognised counts as deployment)."""
+    from pflower.flower import grids
+
+    return grids.engine_of(grid) not in (grids.SIMULATION, grids.LOCAL)
 
 
 def interval(cfg: Config, grid: Grid) -> int:

@@ -38,6 +38,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pflower.config import Config, ConfigError
+from pflower.deploy.flower_cli import with_own_bin
+from pflower.flower import FlowerDrift
 
 #: the ServerApp component of pflower's own app (pyproject's [tool.flwr.app.components])
 PFLOWER_SERVERAPP = "pflower.server_app:app"
@@ -56,7 +58,7 @@ def _flwr() -> str:
 def app_config(app: str | Path) -> tuple[dict, str | None]:
     """The app's run config as ``[tool.flwr.app.config]`` declares it (flat dashed keys) and its
     ServerApp component, from ``<app>/pyproject.toml``."""
-    from flwr.common.config import flatten_dict
+    from pflower.flower.cli import flatten_dict
 
     path = Path(app).expanduser() / "pyproject.toml"
     try:
@@ -70,10 +72,12 @@ def app_config(app: str | Path) -> tuple[dict, str | None]:
 def overrides_of(run_config: Sequence[str]) -> dict:
     """``--run-config`` arguments as ``flwr run`` parses them ("k=v k2='s'" strings, or one
     TOML file)."""
-    from flwr.common.config import parse_config_args
+    from pflower.flower.cli import parse_config_args
 
     try:
         return parse_config_args(list(run_config) or None)
+    except FlowerDrift:
+        raise
     except Exception as err:  # click's exception for bad TOML, OSError for a missing file
         message = getattr(err, "message", None) or str(err)
         raise ConfigError(f"--run-config {' '.join(run_config)!r}: {message}") from None
@@ -95,6 +99,21 @@ def check_config(app: str | Path, run_config: Sequence[str]) -> Config:
             "configuration'); add it there with its default"
         )
     return cfg
+
+
+#: how Flower 1.35-1.41 announce the run they submitted (``flwr run``); ``newest_run`` where not
+RUN_STARTED = re.compile(r"Successfully started run (\d+)")
+
+
+def newest_run(superlink: str | None) -> int:
+    """The id of the run the SuperLink received last (``flwr ls --format json``: the greatest
+    ``pending-at``, an ISO time)."""
+    command = [_flwr(), "ls", *([superlink] if superlink else []), "--format", "json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    runs = json.loads(done.stdout or "{}").get("runs") or []
+    if not runs:
+        raise RuntimeError(f"flwr ls lists no run ({(done.stdout + done.stderr).strip()[:200]})")
+    return int(max(runs, key=lambda r: str(r.get("pending-at", "")))["run-id"])
 
 
 def run_status(run_id: int, superlink: str | None) -> dict:
@@ -146,6 +165,13 @@ def run(argv: Sequence[str] | None = None) -> int:
         except ConfigError as err:
             print(f"pflower run: {err}", file=sys.stderr, flush=True)
             return REFUSED
+        except FlowerDrift as err:  # Flower checks the run config itself at submission
+            print(
+                f"pflower run: not checking the run config first: {err}; flwr run and the "
+                "ServerApp check it",
+                file=sys.stderr,
+                flush=True,
+            )
     command = [_flwr(), "run", args.app, *([args.superlink] if args.superlink else []), "--stream"]
     for item in args.run_config:
         command += ["--run-config", item]
@@ -157,8 +183,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     # this environment's bin/ first on PATH: Flower before 1.40 starts its local SuperLink as
     # ``flower-superlink`` from PATH, not from next to its own Python, so a venv's pflower run
     # without the venv activated would not find it
-    here = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": os.pathsep.join([here, os.environ.get("PATH", "")])}
+    env = with_own_bin(os.environ)
     proc = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
     )
@@ -166,7 +191,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         for line in proc.stdout:
             sys.stdout.write(line)
             sys.stdout.flush()
-            found = re.search(r"Successfully started run (\d+)", line)
+            found = RUN_STARTED.search(line)
             if found and run_id is None:
                 run_id = int(found.group(1))
         code = proc.wait()
@@ -175,8 +200,19 @@ def run(argv: Sequence[str] | None = None) -> int:
         where = f"run {run_id} goes on (flwr log {run_id}; flwr stop {run_id})" if run_id else ""
         print(f"\npflower run: stopped following the log; {where}".rstrip("; "), file=sys.stderr)
         return 130
-    if code != 0 or run_id is None:
-        return code or FAILED  # Flower refused the run and said why
+    if code != 0:
+        return code  # Flower refused the run and said why
+    if run_id is None:  # Flower's wording changed: the run is the newest the SuperLink has
+        try:
+            run_id = newest_run(args.superlink)
+        except (RuntimeError, OSError, subprocess.SubprocessError, ValueError) as err:
+            print(f"pflower run: cannot tell which run was started: {err}", file=sys.stderr)
+            return FAILED
+        print(
+            f"pflower run: Flower's output did not name the run ({RUN_STARTED.pattern!r}); "
+            f"following the newest run on the SuperLink, {run_id}",
+            file=sys.stderr,
+        )
     try:
         status = run_status(run_id, args.superlink)
     except (RuntimeError, OSError, subprocess.SubprocessError) as err:
@@ -211,6 +247,9 @@ def check(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         print(f"pflower check-config: {err}", file=sys.stderr)
         return REFUSED
+    except FlowerDrift as err:
+        print(f"pflower check-config: cannot check: {err}", file=sys.stderr)
+        return FAILED
     defaults = Config.from_run_config(app_config(args.app)[0]).to_flat()
     changed = {k: v for k, v in cfg.to_flat().items() if v != defaults.get(k)}
     said = ", ".join(f"{k}={v!r}" for k, v in changed.items()) or "the app's defaults"

@@ -13,6 +13,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from pflower import checkpoint, quiet, report
 from pflower.config import Config, ConfigError
+from pflower.flower import FlowerDrift
+from pflower.flower import dp as flower_dp
 from pflower.strategies import (
     PersonalizedStrategy,
     build_run_model,
@@ -249,11 +251,9 @@ def server_evaluation(cfg: Config, strategy, grid: Grid):
 
 #: pflower's refusals whose message says it all (key, value and what is allowed; the rounds
 #: that applied no reply and why): the run fails with it, and its traceback is noise
-try:  # Flower >= 1.35: a round that would exceed dp-epsilon (pflower.strategies.privacy)
-    from flwr.serverapp.exception import PrivacyBudgetExhausted
-except ImportError:  # older Flower: dp refuses to start there (its accountant is missing)
-    PrivacyBudgetExhausted = ConfigError  # noqa: N806
-ONE_LINE_FAILURES = (ConfigError, RunFailed, PrivacyBudgetExhausted)
+# a round that would exceed dp-epsilon (pflower.strategies.privacy); a Flower that has not
+# what the adapters need (pflower.flower.FlowerDrift): one line that names it
+ONE_LINE_FAILURES = (ConfigError, RunFailed, flower_dp.budget_exhausted(), FlowerDrift)
 
 
 class OneLineFailures(logging.Filter):

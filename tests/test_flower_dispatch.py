@@ -1,4 +1,4 @@
-"""pflower.flower_dispatch: Flower's simulation dispatcher through an index by node.
+"""pflower.flower.dispatch: Flower's simulation dispatcher through an index by node.
 
 The reference is Flower's own ``InMemoryLinkState.get_message_ins``, run on an identical copy
 of a stand-in state (its lock, its message store and an expiry check in the place of
@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
-from pflower import flower_dispatch
-from pflower.flower_dispatch import get_message_ins, index_message_dispatch
+from pflower.flower import dispatch as flower_dispatch
+from pflower.flower.dispatch import get_message_ins, index_message_dispatch
 
 FLOWER_GET_MESSAGE_INS = InMemoryLinkState.__dict__["get_message_ins"]
 if getattr(FLOWER_GET_MESSAGE_INS, "_pflower_indexed", False):  # patched by an earlier test

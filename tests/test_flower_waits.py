@@ -1,4 +1,4 @@
-"""Flower's fixed waits in deployment and how pflower shortens them (``pflower.flower_waits``):
+"""Flower's fixed waits in deployment and how pflower shortens them (``pflower.flower.waits``):
 the SuperNode loop's sleeps capped at the poll interval, the object pull's first retry after
 the given seconds; both refused, naming what changed, on a Flower without them."""
 
@@ -10,8 +10,9 @@ import pytest
 from flwr.supercore.inflatable import inflatable_utils as objects
 from flwr.supernode import start_client_internal as loop
 
-from pflower import flower_waits
-from pflower.flower_waits import CappedTime, cap_pull_backoff, cap_supernode_polls, pull_backoff
+import pflower.flower as boundary
+from pflower.flower import waits as flower_waits
+from pflower.flower.waits import CappedTime, cap_pull_backoff, cap_supernode_polls, pull_backoff
 
 
 @pytest.fixture
@@ -108,7 +109,7 @@ def test_a_flower_without_these_waits_is_refused_naming_what_changed(flower):
     with pytest.raises(RuntimeError, match="does not import `time`"):
         cap_supernode_polls(0.2)
     flower.setattr(loop, "time", time)
-    flower.setattr(flower_waits.inspect, "getsource", lambda module: "time.sleep(5)")
+    flower.setattr(boundary.inspect, "getsource", lambda module: "time.sleep(5)")
     with pytest.raises(RuntimeError, match="no longer sleeps 3 s"):
         cap_supernode_polls(0.2)
     flower.delitem(objects.pull_objects.__kwdefaults__, "backoff_cap")

@@ -205,8 +205,10 @@ def test_a_window_without_a_limit_pushes_everything_at_once_and_pulls_every_repl
 
 
 class HttpGrid(Counting):
-    """Stands for Flower's deployment grid (by its name, as ``polls_slowly`` tells it),
-    whose own ``send_and_receive`` sleeps 3 s between pulls: never called."""
+    """Stands for Flower's deployment grid (``ENGINE``: ``engine_of`` reports it so), whose
+    own ``send_and_receive`` sleeps 3 s between pulls: never called."""
+
+    ENGINE = "deployment"
 
     def send_and_receive(self, messages, *, timeout=None):
         raise AssertionError("Flower's 3 s pull loop was used")
@@ -215,8 +217,8 @@ class HttpGrid(Counting):
 def test_in_deployment_the_server_pulls_every_pull_interval_with_a_short_backoff(monkeypatch):
     from flwr.supercore.inflatable import inflatable_utils as objects
 
-    from pflower.flower_waits import pull_backoff
-    from pflower.strategies.nodes import polls_slowly
+    from pflower.flower.grids import DEPLOYMENT, LOCAL, engine_of
+    from pflower.flower.waits import pull_backoff
 
     for fn in (objects.pull_objects, objects.pull_and_inflate_object_from_tree):
         monkeypatch.setitem(fn.__kwdefaults__, "initial_backoff", 1)  # restored afterwards
@@ -232,7 +234,7 @@ def test_in_deployment_the_server_pulls_every_pull_interval_with_a_short_backoff
     }
     cfg = parse_config(frozenset(run_cfg.items()))
     grid = HttpGrid(build_client_app(run_cfg), 6, seed=cfg.seed)
-    assert polls_slowly(Window(grid, 2)) and not polls_slowly(Counting(None, 1))
+    assert engine_of(Window(grid, 2)) == DEPLOYMENT and engine_of(Counting(None, 1)) == LOCAL
     deployed = run(grid, cfg)
     assert grid.most == 6  # no limit in deployment: every message of a round at once
     assert pull_backoff() == 0.02  # the ServerApp's object pulls retry after pull-interval

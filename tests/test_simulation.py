@@ -141,13 +141,13 @@ def test_ffgg_and_local_ffgg_run_and_report_the_split_diagnostic(tmp_path):
 def test_local_grid_run_equals_the_simulation_engine_run(tmp_path):
     """The benchmarks' in-process LocalGrid changes the transport only: the same config gives
     the same trajectory as Flower's simulation engine (sampling, seeds, client state); the
-    engine's dispatcher is the one the server indexed (``pflower.flower_dispatch``). A run is
+    engine's dispatcher is the one the server indexed (``pflower.flower.dispatch``). A run is
     reproducible from its seeds (``sample-seed`` too: by default the sample is secret, new in
     every run) on new node ids: the engine's random ones, and LocalGrid's, twice."""
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
-    from pflower import flower_dispatch
     from pflower.experiments.local_grid import run_local
+    from pflower.flower import dispatch as flower_dispatch
 
     overrides = {
         "sample-seed": 0,  # two runs compared: the same sample

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
         gateway(args.listen, args.superlink, Path(args.credentials).expanduser())
     elif args.command == "up":
         if args.poll_interval is not None:
-            from pflower.flower_waits import FLOWER_IDLE_POLL_S, MIN_WAIT_S
+            from pflower.flower.waits import FLOWER_IDLE_POLL_S, MIN_WAIT_S
 
             if not MIN_WAIT_S <= args.poll_interval <= FLOWER_IDLE_POLL_S:
                 parser.error(

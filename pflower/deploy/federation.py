@@ -138,8 +138,9 @@ class Federation:
 
     @property
     def env(self) -> dict[str, str]:
+        # this environment's bin/ first: the SuperNodes start flower-superexec from PATH
         return {
-            **os.environ,
+            **flower_cli.with_own_bin(os.environ),
             "FLWR_HOME": str(self.flwr_home),
             "FLWR_TELEMETRY_ENABLED": "0",
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",

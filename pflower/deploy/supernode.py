@@ -1,7 +1,7 @@
 """Flower's SuperNode with shorter waits: ``flower-supernode`` as it is, except that its
 loop's sleeps (3 s when there is no message, 0.5 s between checks for a reply) and the first
 retry of its object pulls (1 s) are capped at ``--poll-interval`` seconds
-(``pflower.flower_waits``: what these waits are, and why they were most of a round).
+(``pflower.flower.waits``: what these waits are, and why they were most of a round).
 
     python -m pflower.deploy.supernode --poll-interval 0.2 --root-certificates ca.crt \\
         --superlink 192.0.2.1:9093 ...      # everything else: flower-supernode's arguments
@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pflower.flower_waits import FLOWER_IDLE_POLL_S, cap_pull_backoff, cap_supernode_polls
+from pflower.flower.waits import FLOWER_IDLE_POLL_S, cap_pull_backoff, cap_supernode_polls
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,7 +33,7 @@ share the machine (``Federation.task_poll_s``, ``deploy up --task-poll-interval`
 SuperNode hands a task out as soon as it has the message, before the message's arrays have
 arrived, so a ClientApp often asks for an object that is not there yet and Flower then
 waits 1 s (then 2, 4...) before it asks again; ``--poll-interval`` shortens that first wait
-(``pflower.flower_waits``).
+(``pflower.flower.waits``).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import inspect
 import os
 import pickle
 import shutil
@@ -48,10 +49,12 @@ import signal
 import sys
 import tempfile
 import threading
+import traceback
 from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
 
-from pflower.flower_waits import cap_pull_backoff
+from pflower.flower import CHECKED, FlowerDrift
+from pflower.flower.waits import cap_pull_backoff
 
 #: imported in the zygote before any fork: what a fresh flwr-clientapp spends its start on,
 #: and what the ClientApp imports lazily on its first message, which every fork would import
@@ -115,6 +118,17 @@ def _adopt(path: Path) -> None:
     client_arrays.adopt(items)
 
 
+#: what ``_run_task`` passes Flower's ``run_clientapp`` (checked by ``cannot_warm``)
+RUN_CLIENTAPP_KEYWORDS = (
+    "runtime_api_address",
+    "token",
+    "insecure",
+    "certificates",
+    "parent_pid",
+    "runtime_dependency_install",
+)
+
+
 def _run_task(spec: dict, hand_back: Path | None = None) -> int:
     """One task, in a forked child: Flower's ``run_clientapp``; its exit code. With
     ``hand_back``, the data arrays it loaded are written there (``_hand_back``)."""
@@ -137,6 +151,14 @@ def _run_task(spec: dict, hand_back: Path | None = None) -> int:
         )
     except SystemExit as done:  # run_clientapp ends with Flower's flwr_exit
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except BaseException:  # never a silent exit: the SuperExec's log says why the task failed
+        print(
+            "pflower warm SuperExec: the task failed in Flower's run_clientapp "
+            "(pflower.flower adapters: checked on Flower " + " and ".join(CHECKED) + "):",
+            file=sys.stderr,
+        )
+        traceback.print_exc()
+        return 1
     finally:
         if hand_back is not None:
             with contextlib.suppress(Exception):  # a cache: the task's result stands without it
@@ -203,13 +225,25 @@ class ForkExecutor:
         pid = os.fork()
         if pid == 0:  # the zygote
             parent.close()
+            code = 0
             try:
                 _zygote(child)
+            except BaseException:  # e.g. an import a Flower upgrade moved: said, not hidden
+                traceback.print_exc()
+                code = 1
             finally:
-                os._exit(0)
+                sys.stderr.flush()
+                os._exit(code)
         child.close()
         self.conn, self.zygote = parent, pid
-        self.threads_at_fork = self.conn.recv()  # waits for the imports
+        try:
+            self.threads_at_fork = self.conn.recv()  # waits for the imports
+        except EOFError:
+            os.waitpid(pid, 0)
+            raise FlowerDrift(
+                "the warm SuperExec's zygote stopped while importing what a task needs "
+                "(its traceback is above)"
+            ) from None
         self.lock = threading.Lock()
 
     def get_eligible_capacity(
@@ -267,7 +301,7 @@ def main(argv=None) -> None:
         default=None,
         metavar="SECONDS",
         help="a ClientApp retries an object its SuperNode does not have yet after this many "
-        "seconds, not Flower's 1 s (pflower.flower_waits)",
+        "seconds, not Flower's 1 s (pflower.flower.waits)",
     )
     args = p.parse_args(argv)
     if args.poll_interval is not None:  # before the fork: the zygote and its children inherit it
@@ -275,11 +309,24 @@ def main(argv=None) -> None:
             cap_pull_backoff(args.poll_interval)
         except (ValueError, RuntimeError) as err:
             p.error(str(err))
-    # the zygote first, while this process has no thread: run_superexec then starts its own
-    executor = ForkExecutor()
     from flwr.supercore.superexec import run_superexec as superexec
 
-    superexec.get_executor = lambda *a, **k: executor
+    # the zygote first, while this process has no thread: run_superexec then starts its own
+    reason = cannot_warm(superexec)
+    if reason is None:
+        try:
+            executor = ForkExecutor()
+            superexec.get_executor = lambda *a, **k: executor
+        except FlowerDrift as err:
+            reason = str(err)
+    if reason is not None:  # Flower's own SuperExec: a fresh flwr-clientapp per task
+        print(
+            f"pflower warm SuperExec is off: {reason}; Flower's own SuperExec runs each task "
+            "in a fresh flwr-clientapp process (cold, as without pflower). Checked on Flower "
+            + " and ".join(CHECKED),
+            file=sys.stderr,
+            flush=True,
+        )
     superexec.run_superexec(
         runtime_api_address=args.runtime_api_address,
         insecure=args.insecure,
@@ -287,6 +334,24 @@ def main(argv=None) -> None:
         parent_pid=args.parent_pid,
         runtime_dependency_install=args.allow_runtime_dependency_installation,
     )
+
+
+def cannot_warm(superexec) -> str | None:
+    """Why this Flower's SuperExec cannot take the fork executor, or None: it must read
+    ``get_executor`` from its module (pflower's hook), and ``run_clientapp`` must take the
+    keywords ``_run_task`` calls it with."""
+    try:
+        if "get_executor(" not in inspect.getsource(superexec.run_superexec):
+            return "this Flower's run_superexec no longer asks get_executor for its executor"
+        from flwr.supercore.tls import validate_and_resolve_root_certificates  # noqa: F401
+        from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+        inspect.signature(run_clientapp).bind(**dict.fromkeys(RUN_CLIENTAPP_KEYWORDS))
+    except TypeError as err:
+        return f"this Flower's run_clientapp takes other arguments ({err})"
+    except Exception as err:  # moved, renamed, shipped without source
+        return f"this Flower's SuperExec is not the one checked ({type(err).__name__}: {err})"
+    return None
 
 
 if __name__ == "__main__":

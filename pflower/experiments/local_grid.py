@@ -66,6 +66,9 @@ class LocalGrid(Grid):
         Partition ids whose nodes never reply.
     """
 
+    #: what ``pflower.flower.grids.engine_of`` reports: an in-process engine
+    ENGINE = "local"
+
     def __init__(
         self,
         client_app: ClientApp,

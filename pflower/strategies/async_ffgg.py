@@ -80,10 +80,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from pydantic import Field
 
+from pflower.flower import grids
 from pflower.settings import ConfigError, Settings
 from pflower.strategies.checks import lower_median, provisional_scale, update_norm
 from pflower.strategies.ffgg import FFGG, FFGGClient, FFGGSettings
-from pflower.strategies.nodes import in_memory_grid, index_dispatch
+from pflower.strategies.nodes import index_dispatch
 from pflower.strategies.registry import Algorithm
 
 if TYPE_CHECKING:
@@ -385,7 +386,7 @@ class AsyncFFGG(FFGG):
         self.history = []
         self.counts = {"replies": 0, "applied": 0, "dropped": 0, "timed-out": 0}
         self.counts.update({"clipped": 0, "fair-share-held": 0, "fair-share-waived": 0})
-        if in_memory_grid(grid):
+        if grids.engine_of(grid) == grids.SIMULATION:
             index_dispatch()
         self.learn_partitions(grid, timeout=timeout or 3600.0)
         nodes = self._ordered(grid.get_node_ids())

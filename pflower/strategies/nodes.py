@@ -24,8 +24,9 @@ from collections.abc import Iterable, Sequence
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from pflower.flower_dispatch import index_message_dispatch
-from pflower.flower_waits import cap_pull_backoff
+from pflower.flower import fall_back
+from pflower.flower.dispatch import index_message_dispatch
+from pflower.flower.waits import cap_pull_backoff
 from pflower.settings import ConfigError
 from pflower.task.fingerprint import OWN_LOADERS
 from pflower.wire import (
@@ -162,43 +163,29 @@ def _count(value) -> int | None:
     return int(value)
 
 
-def _innermost(grid):
-    """The grid under pflower's wrappers (``Window``, ``RoundDeadline``)."""
-    while hasattr(grid, "grid"):
-        grid = grid.grid
-    return grid
-
-
-def polls_slowly(grid) -> bool:
-    """Whether ``grid`` (or the grid it wraps) is Flower's deployment grid, whose
-    ``send_and_receive`` sleeps 3 s between pulls (``HttpGrid`` in Flower 1.41)."""
-    # GrpcGrid: its name in earlier releases
-    return type(_innermost(grid)).__name__ in ("HttpGrid", "GrpcGrid")
-
-
 def shorten_pull_backoff(seconds: float) -> None:
     """Flower's object pulls in this process (the ServerApp's) retry a reply's missing
-    objects after ``seconds``, not 1 s (``pflower.flower_waits.cap_pull_backoff``); where
-    the installed Flower has no such backoff, a warning and Flower's own wait."""
+    objects after ``seconds``, not 1 s (``pflower.flower.waits.cap_pull_backoff``); where
+    the installed Flower has no such backoff, a warning (once) and Flower's own wait."""
     try:
         cap_pull_backoff(seconds)
-    except RuntimeError as err:
-        log.warning("pull-interval: %s; replies are pulled with Flower's own backoff", err)
+    except Exception as err:  # any change of Flower's: never the reason a run stops
+        fall_back("the short object-pull backoff (pull-interval)", err, "Flower's own backoff")
 
 
 def index_dispatch() -> None:
     """Flower's simulation engine in this process finds each node's messages through an
-    index (``pflower.flower_dispatch``) instead of walking every stored message for every
-    node; where the installed Flower's dispatcher is not 1.41's, a warning and Flower's."""
+    index (``pflower.flower.dispatch``) instead of walking every stored message for every
+    node; where the installed Flower's dispatcher is not 1.41's, a warning (once) and
+    Flower's."""
     try:
         index_message_dispatch()
-    except RuntimeError as err:
-        log.warning("%s", err)
-
-
-def in_memory_grid(grid) -> bool:
-    """Whether ``grid`` (or the grid it wraps) is the simulation engine's in-memory grid."""
-    return type(_innermost(grid)).__name__ == "InMemoryGrid"
+    except Exception as err:  # any change of Flower's: never the reason a run stops
+        fall_back(
+            "the simulation's dispatch index",
+            err,
+            "Flower's own dispatcher walks every stored message for every node",
+        )
 
 
 class SecretRandom(random.Random):

@@ -111,11 +111,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-from flwr.supercore.differential_privacy import (
-    clip_inputs_inplace,
-    compute_adaptive_noise_params,
-    compute_stdv,
-)
+
+from pflower.flower import dp as flower_dp
+from pflower.flower.dp import clip_inputs_inplace, compute_adaptive_noise_params, compute_stdv
 
 if TYPE_CHECKING:
     from pflower.config import Config
@@ -606,8 +604,8 @@ class Mechanism:
         ``dp-epsilon`` if asked, refuse a plan that would exceed the budget, open the
         accountant. ``amplified`` False: the sample is reproducible by others (a seeded
         sample), so no round is amplified by it; ``rate``: Poisson's per-client chance."""
-        from flwr.serverapp.exception import PrivacyBudgetExhausted
-
+        PrivacyBudgetExhausted = flower_dp.budget_exhausted()  # noqa: N806
+        flower_dp.helpers()  # a Flower without them: refused here, before anything is released
         self.population, self.sample, self.rounds = population, sample, rounds
         self.amplified, self.rate = amplified, rate
         per_round = f"{sample} of {population} clients each"
@@ -654,7 +652,7 @@ class Mechanism:
         ones: note the round's release (q from the live population) and the mean's divisor,
         draw the canaries that take part, and stop the run (Flower's
         ``PrivacyBudgetExhausted``) if releasing the round would exceed ``dp-epsilon``."""
-        from flwr.serverapp.exception import PrivacyBudgetExhausted
+        PrivacyBudgetExhausted = flower_dp.budget_exhausted()  # noqa: N806
 
         population = population or self.population
         self.current = self._release(len(sampled), population)

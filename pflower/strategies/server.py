@@ -54,6 +54,7 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from pflower.flower import grids
 from pflower.settings import RunSettings
 from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.checks import CLAIMS_CAPPED, ReplyChecks
@@ -71,9 +72,7 @@ from pflower.strategies.nodes import (
     NodeSampling,
     RoundDeadline,
     Window,
-    in_memory_grid,
     index_dispatch,
-    polls_slowly,
     shorten_pull_backoff,
 )
 from pflower.strategies.privacy import POISSON, DPSettings, Mechanism, noise_rng
@@ -440,14 +439,15 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         resume = kwargs.pop("resume", None)  # a pflower.checkpoint.Checkpoint to continue
         if resume is not None:
             resume.restore(self)  # sampler, server optimizer, history, run tag... of round r
-        simulated = in_memory_grid(grid)  # Flower's simulation engine runs in this process
+        engine = grids.engine_of(grid)
+        simulated = engine == grids.SIMULATION  # Flower's simulation engine, in this process
         if simulated:
             index_dispatch()
         window = self.max_in_flight or (SIMULATION_WINDOW if simulated else 0)
-        deployed = polls_slowly(grid)  # Flower's deployment grid: 3 s pulls, 1 s object backoff
-        if deployed:
+        if engine == grids.DEPLOYMENT:  # Flower's deployment grid: 3 s pulls, 1 s backoff
             shorten_pull_backoff(min(self.pull_interval, 1.0))
-        if window or deployed:
+        # a grid not recognised (``other``) takes the safe path: pulled through the window
+        if window or engine in (grids.DEPLOYMENT, grids.OTHER):
             grid = Window(grid, window or None, self.pull_interval)
         if not kwargs.get("timeout"):  # 0 / None: each round waits as long as the work needs
             grid, kwargs["timeout"] = RoundDeadline(grid), None

@@ -21,14 +21,18 @@ round (``benchmarks/deploy_rounds.py``). ``cap_supernode_polls`` and ``cap_pull_
 shorten them in the process that calls them: the ServerApp (``pull-interval``), the
 deployment kit's SuperNodes (``pflower.deploy.supernode --poll-interval``) and the warm
 SuperExec's ClientApps (``pflower.deploy.warm_exec --poll-interval``). Each checks that the
-installed Flower still has the wait it shortens, and refuses, naming it, when it does not.
+installed Flower still has the wait it shortens, and refuses (``FlowerDrift``), naming it,
+when it does not or cannot be read at all: the ServerApp then keeps Flower's waits and says
+so once; the deployment kit's commands refuse the option that asked for it.
 """
 
 from __future__ import annotations
 
-import inspect
+import importlib
 import math
 import time
+
+from pflower.flower import FlowerDrift, source_of
 
 #: Flower 1.41's idle poll of the SuperNode's loop (seconds)
 FLOWER_IDLE_POLL_S = 3.0
@@ -61,16 +65,19 @@ def cap_supernode_polls(seconds: float) -> None:
     """Every sleep of Flower's SuperNode loop (its 3 s idle poll, its 0.5 s checks for a
     reply) waits at most ``seconds``, in this process."""
     _check(seconds, "the SuperNode's poll interval")
-    from flwr.supernode import start_client_internal as loop
-
+    loop, source = source_of(
+        lambda: importlib.import_module("flwr.supernode.start_client_internal"),
+        "Flower's SuperNode loop (flwr.supernode.start_client_internal)",
+        "start the SuperNode without a poll interval",
+    )
     if not isinstance(getattr(loop, "time", None), (type(time), CappedTime)):
-        raise RuntimeError(
+        raise FlowerDrift(
             "this Flower's SuperNode loop (flwr.supernode.start_client_internal) does not "
             "import `time`: it is not Flower 1.41's loop, whose waits pflower shortens; "
             "start the SuperNode without a poll interval"
         )
-    if "time.sleep(3)" not in inspect.getsource(loop):
-        raise RuntimeError(
+    if "time.sleep(3)" not in source:
+        raise FlowerDrift(
             "this Flower's SuperNode loop (flwr.supernode.start_client_internal) no longer "
             "sleeps 3 s between pulls: it is not Flower 1.41's loop, whose waits pflower "
             "shortens; start the SuperNode without a poll interval"
@@ -79,9 +86,15 @@ def cap_supernode_polls(seconds: float) -> None:
 
 
 def _pull_functions():
-    from flwr.supercore.inflatable import inflatable_utils as objects
+    try:
+        from flwr.supercore.inflatable import inflatable_utils as objects
 
-    return objects.pull_objects, objects.pull_and_inflate_object_from_tree
+        return objects.pull_objects, objects.pull_and_inflate_object_from_tree
+    except (ImportError, AttributeError) as err:
+        raise FlowerDrift(
+            f"Flower's object pulls (flwr.supercore.inflatable.inflatable_utils) are not "
+            f"where Flower 1.41 has them ({type(err).__name__}: {err})"
+        ) from err
 
 
 #: how much longer than the first retry's wait the later ones may grow (Flower: 10 x 1 s)
@@ -132,7 +145,7 @@ def cap_pull_backoff(seconds: float) -> None:
             if k not in defaults
         ]
         if missing:
-            raise RuntimeError(
+            raise FlowerDrift(
                 f"this Flower's {fn.__module__}.{fn.__name__} has no `{missing[0]}`: it "
                 "is not Flower 1.41's object pull, whose backoff pflower shortens"
             )

@@ -23,14 +23,20 @@ and answers with Flower's expiry error), not when another node's look walks past
 never handed to a worker either way. The ServerApp calls it where Flower's engine runs in
 its process (the in-memory grid of ``run_simulation`` and of ``flwr run`` on a simulation
 federation); it checks that the installed Flower still has the method it replaces, and
-refuses, naming what changed, when it does not.
+refuses (``FlowerDrift``), naming what changed, when it does not: the ServerApp then keeps
+Flower's dispatcher and says so once. Should the index itself fail in Flower's dispatching
+thread (an attribute of the link state renamed), Flower's own method is put back and answers
+that call and every later one, with the same warning.
 """
 
 from __future__ import annotations
 
-import inspect
+from pflower.flower import FlowerDrift, fall_back, source_of
 
-from flwr.supercore.date import now
+try:  # public since Flower 1.38; the same function as the older private path
+    from flwr.common import now
+except ImportError:  # pragma: no cover - the floor's Flower
+    from flwr.supercore.date import now
 
 #: what Flower 1.41's ``InMemoryLinkState.get_message_ins`` does, as its source says it
 _FLOWER_SOURCE_MARKS = (
@@ -49,9 +55,27 @@ def _link_state():
 
 def get_message_ins(self, node_id: int, limit: int | None, *, run_id: int | None = None):
     """``InMemoryLinkState.get_message_ins`` through an index of the stored messages by
-    destination node (``index_message_dispatch``)."""
+    destination node (``index_message_dispatch``); Flower's own method, put back, where the
+    index cannot read this link state."""
     if limit is not None and limit < 1:
         raise AssertionError("`limit` must be >= 1")
+    try:
+        return _indexed(self, node_id, limit, run_id)
+    except (AttributeError, KeyError, TypeError) as err:  # Flower's link state changed
+        state = type(self)
+        flowers = state.__dict__.get("_flower_get_message_ins")
+        if flowers is None:  # pragma: no cover - restored by another thread meanwhile
+            flowers = state.get_message_ins
+        restore_message_dispatch()
+        fall_back(
+            "the simulation's dispatch index",
+            err,
+            "Flower's own dispatcher walks every stored message for every node",
+        )
+        return flowers(self, node_id, limit, run_id=run_id)
+
+
+def _indexed(self, node_id: int, limit: int | None, run_id: int | None) -> list:
     found = []
     with self.lock:
         store = self.message_ins_store
@@ -84,15 +108,20 @@ get_message_ins._pflower_indexed = True
 
 def index_message_dispatch() -> None:
     """Flower's in-memory link state, in this process, finds a node's messages through an
-    index by destination node (``get_message_ins`` above); idempotent."""
-    state = _link_state()
-    current = state.get_message_ins
+    index by destination node (``get_message_ins`` above); idempotent. ``FlowerDrift`` where
+    the installed Flower's link state is not the one checked (moved, or its method's source
+    changed): nothing is replaced then."""
+    current, source = source_of(
+        lambda: _link_state().get_message_ins,
+        "Flower's InMemoryLinkState.get_message_ins",
+        "pflower leaves its dispatcher as it is",
+    )
     if getattr(current, "_pflower_indexed", False):
         return
-    source = inspect.getsource(current)
+    state = _link_state()
     missing = [mark for mark in _FLOWER_SOURCE_MARKS if mark not in source]
     if missing:
-        raise RuntimeError(
+        raise FlowerDrift(
             "this Flower's InMemoryLinkState.get_message_ins is not Flower 1.41's (it lacks "
             f"{missing[0]!r}): pflower leaves its dispatcher as it is"
         )

@@ -1,0 +1,79 @@
+"""Everything pflower does with Flower that Flower's public API does not promise, in one place.
+
+Each module here is one adapter: what it touches in Flower, why (a speed-up or a missing
+public route), the Flower versions it was checked against (``CHECKED``), and what happens
+when an upgrade changes it. The rule they keep: **never crash, never silent**. An optional
+speed-up whose Flower internal has moved, been renamed or changed its source falls back to
+Flower's own behaviour, and says so once (``fall_back``); what a run cannot do without (the
+DP mechanism's noise helpers) is refused at start, naming what changed. Nothing here imports
+a private Flower module when ``pflower`` is imported: a run that uses nothing of an adapter
+never loads what the adapter touches.
+
+========================  =============================================  =====================
+adapter                   touches (Flower 1.41)                          when it has changed
+========================  =============================================  =====================
+``dispatch``              ``InMemoryLinkState.get_message_ins`` (class   warning; Flower's own
+                          attribute replaced after its source is         dispatcher (also when
+                          checked), its ``lock`` and store               the index fails in
+                                                                         Flower's thread)
+``waits``                 ``start_client_internal.time``, the object     ServerApp: warning and
+                          pulls' ``__kwdefaults__``                      Flower's waits; CLIs:
+                                                                         refused, by name
+``grids``                 the grid classes ``InMemoryGrid`` and          an unknown grid runs
+                          ``HttpGrid`` (never their names alone)         the safe path (pulls,
+                                                                         deadline) + warning
+``dp``                    ``flwr.supercore.differential_privacy``'s      a DP run is refused at
+                          clip and noise helpers (Flower's, not          start, naming the
+                          re-implemented)                                module
+========================  =============================================  =====================
+
+The deployment kit's touches of Flower's CLI and SuperExec (``pflower.deploy``: the warm
+SuperExec's executor hook, ``flwr.cli``'s connection writer, texts Flower prints) and the
+in-process ``LocalGrid`` of the tests and benchmarks (``pflower.experiments.local_grid``) are
+listed in ``docs/flower-boundary.md`` with theirs; ``tests/test_flower_boundary.py`` takes
+each internal away and checks the fallback.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+#: the Flower releases every adapter was checked against (the suite's two Flower versions)
+CHECKED = ("1.35", "1.41")
+
+log = logging.getLogger("flwr.pflower")
+_said: set[str] = set()
+
+
+class FlowerDrift(RuntimeError):
+    """A Flower internal an adapter relies on is not what it was checked against."""
+
+
+def fall_back(what: str, err: BaseException, instead: str) -> None:
+    """Say once per process that ``what`` is off because Flower changed (``err``), and what
+    runs ``instead``."""
+    key = f"{what}: {type(err).__name__}"
+    if key in _said:
+        return
+    _said.add(key)
+    log.warning(
+        "%s is off: %s (%s); %s. pflower's adapters were checked on Flower %s",
+        what,
+        err,
+        type(err).__name__,
+        instead,
+        " and ".join(CHECKED),
+    )
+
+
+def source_of(load, what: str, instead: str):
+    """``(load(), its source)``; ``FlowerDrift`` naming ``what`` where the Flower object
+    cannot be imported or read (moved, renamed, or shipped without its source)."""
+    try:
+        found = load()
+        return found, inspect.getsource(found)
+    except Exception as err:
+        raise FlowerDrift(
+            f"{what} cannot be read ({type(err).__name__}: {err}); {instead}"
+        ) from err

@@ -1,0 +1,275 @@
+"""The boundary to Flower (``pflower.flower``, issue 48): every private touch is in one place,
+and each is taken away here, the way an upgrade would, to check that the run still completes
+with Flower's own behaviour and one warning, or is refused at start naming what changed;
+never a crash, never silence."""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from pflower.experiments.local_grid import LocalGrid, run_local
+from pflower.flower import FlowerDrift, _said, grids
+from pflower.flower import dispatch as flower_dispatch
+from pflower.flower import dp as flower_dp
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Flower's public modules (its API reference); everything else of ``flwr`` is private
+PUBLIC = {
+    "flwr.app",
+    "flwr.serverapp",
+    "flwr.serverapp.strategy",
+    "flwr.clientapp",
+    "flwr.simulation",
+    "flwr.common",
+    "flwr.server",
+    "flwr.client",
+}
+#: where private touches may be: the boundary, the deployment kit (which drives Flower's
+#: processes and CLI: docs/flower-boundary.md lists its touches) and the tests' LocalGrid
+ALLOWED = ("pflower/flower/", "pflower/deploy/", "pflower/experiments/local_grid.py")
+TINY = {
+    "dataset": "digits",
+    "num-server-rounds": 2,
+    "evaluate-every": 2,
+    "fraction-train": 1.0,
+    "sample-seed": 0,
+    "outputs-dir": "/tmp/pflower-test-outputs",
+}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings():
+    """``fall_back`` says each change once per process: each test starts unsaid."""
+    _said.clear()
+    yield
+    _said.clear()
+
+
+def _private_imports() -> list[str]:
+    found = []
+    for path in sorted((ROOT / "pflower").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                if (name == "flwr" or name.startswith("flwr.")) and name not in PUBLIC:
+                    found.append(f"{rel}:{node.lineno} {name}")
+    return found
+
+
+def test_private_flower_imports_live_in_the_boundary():
+    outside = [f for f in _private_imports() if not f.startswith(ALLOWED)]
+    assert not outside, outside
+    # the check sees them where they are (it cannot pass by seeing nothing)
+    assert any(f.startswith("pflower/flower/dispatch.py") for f in _private_imports())
+
+
+def test_importing_the_apps_imports_no_private_module_of_the_boundary():
+    """A run that uses nothing of an adapter never loads what it touches: the apps import
+    with the dispatcher's, the waits' and the launch helpers' modules made unimportable."""
+    blocked = [
+        "flwr.server.superlink.linkstate.in_memory_linkstate",
+        "flwr.supercore.inflatable.inflatable_utils",
+        "flwr.supernode.start_client_internal",
+        "flwr.superlink.grid.http_grid",
+    ]
+    code = (
+        "import sys\n"
+        f"for name in {blocked!r}: sys.modules[name] = None\n"
+        "import pflower.client_app, pflower.server_app, pflower.strategies\n"
+        "print('imported')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and "imported" in done.stdout, done.stderr[-2000:]
+
+
+def test_a_dispatcher_flower_moved_or_changed_falls_back_with_one_warning(monkeypatch, caplog):
+    from pflower.strategies.nodes import index_dispatch
+
+    def moved():
+        raise ImportError("No module named 'flwr.server.superlink'")
+
+    monkeypatch.setattr(flower_dispatch, "_link_state", moved)
+    with caplog.at_level(logging.WARNING, logger="flwr.pflower"):
+        index_dispatch()
+        index_dispatch()  # said once
+    said = [r.getMessage() for r in caplog.records if "dispatch index" in r.getMessage()]
+    assert len(said) == 1 and "ImportError" in said[0] and "Flower's own dispatcher" in said[0]
+    with pytest.raises(FlowerDrift, match="cannot be read"):
+        flower_dispatch.index_message_dispatch()
+
+
+def test_the_index_failing_in_flowers_thread_puts_flowers_method_back(monkeypatch, caplog):
+    """Flower renames its link state's ``lock``: the indexed method's first call meets the
+    AttributeError in Flower's dispatching thread; it answers with Flower's method, which is
+    put back for every later call, and says so."""
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+
+    flower_dispatch.restore_message_dispatch()
+
+    def flowers_renamed(self, node_id, limit, *, run_id=None):
+        return ["Flower's answer"]
+
+    monkeypatch.setattr(InMemoryLinkState, "get_message_ins", flowers_renamed)
+    monkeypatch.setattr(flower_dispatch, "_FLOWER_SOURCE_MARKS", ())
+    flower_dispatch.index_message_dispatch()
+    assert InMemoryLinkState.get_message_ins is flower_dispatch.get_message_ins
+    state = object.__new__(InMemoryLinkState)  # no `lock`: as if Flower had renamed it
+    with caplog.at_level(logging.WARNING, logger="flwr.pflower"):
+        assert InMemoryLinkState.get_message_ins(state, 1, None) == ["Flower's answer"]
+    assert InMemoryLinkState.get_message_ins is flowers_renamed
+    assert any("AttributeError" in r.getMessage() for r in caplog.records)
+
+
+def test_object_pulls_flower_moved_leave_its_backoff_and_say_so(monkeypatch, caplog):
+    import flwr.supercore.inflatable as package
+
+    from pflower.flower import waits
+    from pflower.strategies.nodes import shorten_pull_backoff
+
+    monkeypatch.delattr(package, "inflatable_utils")
+    monkeypatch.setitem(sys.modules, "flwr.supercore.inflatable.inflatable_utils", None)
+    with pytest.raises(FlowerDrift, match="object pulls"):
+        waits.cap_pull_backoff(0.1)
+    with caplog.at_level(logging.WARNING, logger="flwr.pflower"):
+        shorten_pull_backoff(0.1)
+    assert any("Flower's own backoff" in r.getMessage() for r in caplog.records)
+
+
+class RenamedGrid(LocalGrid):
+    """Flower's grid after an upgrade renamed and moved it: not recognised by any test."""
+
+    ENGINE = None
+
+
+def test_a_grid_not_recognised_runs_the_safe_path_with_a_warning(caplog):
+    """It is pulled through the window (whose arrivals the round deadline learns from),
+    checkpointed as in deployment, the run the same as on a known grid, and said once."""
+    from pflower.checkpoint import in_deployment
+    from pflower.config import Config
+    from pflower.experiments.client_app import experiment_client_app
+    from pflower.server_app import run
+    from pflower.strategies.nodes import Window
+
+    cfg = Config.from_run_config(TINY)
+    grid = RenamedGrid(experiment_client_app(TINY), 3, seed=cfg.seed)
+    assert grids.engine_of(Window(grid, None)) == grids.OTHER and in_deployment(grid)
+    pulled = []
+    real = Window.send_and_receive
+
+    def watched(self, messages, *, timeout=None):
+        pulled.append(self.grid)
+        return real(self, messages, timeout=timeout)
+
+    Window.send_and_receive = watched
+    try:
+        with caplog.at_level(logging.WARNING, logger="flwr.pflower"):
+            report = run(grid, cfg)
+    finally:
+        Window.send_and_receive = real
+    assert pulled  # the window carried the rounds' messages
+    said = [r.getMessage() for r in caplog.records if "recognising the grid" in r.getMessage()]
+    assert len(said) == 1 and "RenamedGrid" in said[0]
+    assert report.final == run_local(TINY, 3).final
+
+
+def test_flowers_grids_are_recognised_by_class_and_a_moved_one_by_name(monkeypatch):
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    grid = object.__new__(InMemoryGrid)
+    assert grids.engine_of(grid) == grids.SIMULATION
+    monkeypatch.setattr(grids, "_flower_class", lambda module, name: None)  # moved
+    assert grids.engine_of(grid) == grids.SIMULATION  # its name still says it
+    assert grids.engine_of(object.__new__(type("HttpGrid", (), {}))) == grids.DEPLOYMENT
+
+
+def test_dp_without_flowers_noise_helpers_is_refused_at_start_and_no_dp_runs(monkeypatch):
+    monkeypatch.setattr(flower_dp, "MODULE", "flwr.supercore.no_such_module")
+    flower_dp.helpers.cache_clear()
+    try:
+        with pytest.raises(FlowerDrift, match="no_such_module.*dp = 'none'"):
+            run_local({**TINY, "dp": "central", "dp-noise": 1.0, "dp-clip": 1.0}, 3)
+        assert run_local(TINY, 3).final["personal-accuracy"] > 0.3
+    finally:
+        monkeypatch.undo()
+        flower_dp.helpers.cache_clear()
+
+
+def test_the_warm_superexec_falls_back_or_fails_visibly(monkeypatch, capfd):
+    """A SuperExec that no longer reads ``get_executor``, or a ``run_clientapp`` with other
+    arguments: the warm SuperExec says why and Flower's own runs; a task that fails in the
+    fork prints its traceback and exits 1 (it was ``os._exit`` with nothing said)."""
+    import flwr.supernode.runtime.run_clientapp as flowers
+    from flwr.supercore.superexec import run_superexec as superexec
+
+    from pflower.deploy import warm_exec
+
+    assert warm_exec.cannot_warm(superexec) is None  # this Flower: warm
+    # a run_superexec that never asks for its executor by that name
+    other = types.SimpleNamespace(run_superexec=lambda **kw: None)
+    assert "get_executor" in warm_exec.cannot_warm(other)
+
+    def changed(runtime_api_address, token, *, certificates=None):  # another signature
+        raise TypeError("run_clientapp() got an unexpected keyword argument 'insecure'")
+
+    monkeypatch.setattr(flowers, "run_clientapp", changed)
+    assert "other arguments" in warm_exec.cannot_warm(superexec)
+    spec = {
+        "runtime_api_address": "127.0.0.1:1",
+        "token": "t",
+        "insecure": True,
+        "root_certificates_path": None,
+        "parent_pid": None,
+        "runtime_dependency_install": False,
+    }
+    assert warm_exec._run_task(spec) == 1
+    err = capfd.readouterr().err
+    assert "Traceback" in err and "unexpected keyword argument" in err
+
+
+def test_pflower_run_finds_its_run_when_flower_words_it_otherwise(monkeypatch):
+    from pflower import launch
+
+    listing = {
+        "success": True,
+        "runs": [
+            {"run-id": "7", "pending-at": "2026-11-28T03:00:00"},
+            {"run-id": "12", "pending-at": "2026-11-28T04:00:00"},
+        ],
+    }
+    answer = subprocess.CompletedProcess([], 0, json.dumps(listing), "")
+    monkeypatch.setattr(launch.subprocess, "run", lambda *a, **k: answer)
+    assert launch.newest_run(None) == 12
+    assert launch.RUN_STARTED.search("🎊 Successfully started run 42").group(1) == "42"
+
+
+def test_check_config_says_when_flowers_parser_moved(monkeypatch, capsys):
+    from pflower import launch
+    from pflower.flower import cli
+
+    assert launch.check([str(ROOT), "-c", "lr=0.1"]) == launch.COMPLETED
+    monkeypatch.setattr(cli, "MODULE", "flwr.common.no_such_config")
+    assert launch.check([str(ROOT), "-c", "lr=0.1"]) == launch.FAILED
+    assert "cannot check" in capsys.readouterr().err
+
+
+def test_children_find_this_environments_flower_first():
+    from pflower.deploy.flower_cli import with_own_bin
+
+    env = with_own_bin({"PATH": os.pathsep.join(["/usr/bin", str(Path(sys.executable).parent)])})
+    first, *rest = env["PATH"].split(os.pathsep)
+    assert first == str(Path(sys.executable).parent) and first not in rest
