@@ -238,13 +238,14 @@ def main(argv=None) -> None:
             overrides = {
                 **BASE,
                 **NEEDS.get(algorithm, {}),
+                # the last rounds' mean; evaluation trains nothing (it draws from the sample stream)
+                "evaluate-every": 1,
                 **extra,
                 "algorithm": algorithm,
                 "seed": seed,
                 # one sample stream for the clean and the attacked run: a paired comparison
                 # (the app's default samples in secret, a different sample each run)
                 "sample-seed": seed,
-                "evaluate-every": 1,  # evaluation trains nothing: the last rounds' mean
             }
             clean = one_run(overrides, set(), 1.0, args.last)
             attacked = one_run(overrides, set(args.byzantine), args.claim, args.last)
