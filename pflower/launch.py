@@ -216,7 +216,13 @@ def run(argv: Sequence[str] | None = None) -> int:
     try:
         status = run_status(run_id, args.superlink)
     except (RuntimeError, OSError, subprocess.SubprocessError) as err:
-        print(f"pflower run: run {run_id}: cannot read its status: {err}", file=sys.stderr)
+        print(
+            f"pflower run: run {run_id}: cannot read its status ({err}): the SuperLink may "
+            "have stopped; once it is back, a run with checkpoints continues with "
+            "--run-config \"resume-from='<the run's outputs directory>'\" (docs/deploy.md, "
+            "Crashes)",
+            file=sys.stderr,
+        )
         return FAILED
     state = str(status.get("status", "unknown"))
     if state == "finished:completed":

@@ -273,3 +273,30 @@ def test_children_find_this_environments_flower_first():
     env = with_own_bin({"PATH": os.pathsep.join(["/usr/bin", str(Path(sys.executable).parent)])})
     first, *rest = env["PATH"].split(os.pathsep)
     assert first == str(Path(sys.executable).parent) and first not in rest
+
+
+def test_pflower_run_fails_when_the_superlink_is_gone_though_flwr_run_exits_0(monkeypatch, capsys):
+    """Flower's ``flwr run --stream`` exits 0 when its SuperLink dies mid-run (issue 50);
+    ``pflower run`` asks for the run's status, gets no answer, and exits 1 saying how to
+    resume."""
+    from pflower import launch
+
+    class Flower:
+        stdout = iter(
+            ["🎊 Successfully started run 5\n", "Connection to the SuperLink is unavailable\n"]
+        )
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def wait(self):
+            return 0
+
+    def gone(run_id, superlink):
+        raise RuntimeError("flwr ls --run-id 5: the SuperLink is unavailable")
+
+    monkeypatch.setattr(launch.subprocess, "Popen", Flower)
+    monkeypatch.setattr(launch, "run_status", gone)
+    assert launch.run([str(ROOT), "--no-check"]) == launch.FAILED
+    err = capsys.readouterr().err
+    assert "run 5" in err and "may have stopped" in err and "resume-from" in err
