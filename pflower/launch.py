@@ -38,8 +38,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pflower.config import Config, ConfigError
-from pflower.deploy.flower_cli import with_own_bin
 from pflower.flower import FlowerDrift
+from pflower.flower.cli import with_own_bin
 
 #: the ServerApp component of pflower's own app (pyproject's [tool.flwr.app.components])
 PFLOWER_SERVERAPP = "pflower.server_app:app"

@@ -268,7 +268,7 @@ def test_check_config_says_when_flowers_parser_moved(monkeypatch, capsys):
 
 
 def test_children_find_this_environments_flower_first():
-    from pflower.deploy.flower_cli import with_own_bin
+    from pflower.flower.cli import with_own_bin
 
     env = with_own_bin({"PATH": os.pathsep.join(["/usr/bin", str(Path(sys.executable).parent)])})
     first, *rest = env["PATH"].split(os.pathsep)

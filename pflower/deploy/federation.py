@@ -27,6 +27,7 @@ from pflower.deploy.flower_cli import (
 )
 from pflower.deploy.gateway import gateway_command
 from pflower.deploy.processes import descendants, is_ours, stop_tree
+from pflower.flower.cli import with_own_bin
 
 #: how long the SuperLink keeps a silent node online: Flower's heartbeat interval (30 s)
 #: times its patience (2), plus one call timeout
@@ -140,7 +141,7 @@ class Federation:
     def env(self) -> dict[str, str]:
         # this environment's bin/ first: the SuperNodes start flower-superexec from PATH
         return {
-            **flower_cli.with_own_bin(os.environ),
+            **with_own_bin(os.environ),
             "FLWR_HOME": str(self.flwr_home),
             "FLWR_TELEMETRY_ENABLED": "0",
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",

@@ -6,7 +6,6 @@ and its logs print (without colour codes or the box the CLI draws around an erro
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -17,15 +16,6 @@ from pathlib import Path
 #: the ``--database`` that gives a SuperLink Flower's in-memory state (Flower 1.41:
 #: ``flwr.supercore.constant.FLWR_IN_MEMORY_DB_NAME``, also its default)
 FLWR_IN_MEMORY_DB_NAME = ":flwr-in-memory:"
-
-
-def with_own_bin(environ) -> dict[str, str]:
-    """``environ`` with this Python's ``bin/`` first on ``PATH``: Flower's processes start
-    theirs (``flower-superexec``, ``flwr-clientapp``, the local SuperLink) from ``PATH``, so a
-    virtual environment that is not activated must still be the one they find."""
-    here = str(Path(sys.executable).parent)
-    rest = [p for p in environ.get("PATH", "").split(os.pathsep) if p and p != here]
-    return {**environ, "PATH": os.pathsep.join([here, *rest])}
 
 
 def executable(name: str) -> str:

@@ -13,6 +13,9 @@ lets ``flwr run`` (and the ServerApp's own validation at start) refuse a bad key
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+from pathlib import Path
 
 from pflower.flower import FlowerDrift
 
@@ -37,3 +40,12 @@ def flatten_dict(config: dict) -> dict:
 def parse_config_args(items: list[str] | None) -> dict:
     """``--run-config`` arguments as ``flwr run`` parses them."""
     return _flowers("parse_config_args")(items)
+
+
+def with_own_bin(environ) -> dict[str, str]:
+    """``environ`` with this Python's ``bin/`` first on ``PATH``: Flower's processes start
+    theirs (``flower-superexec``, ``flwr-clientapp``, the local SuperLink) from ``PATH``, so a
+    virtual environment that is not activated must still be the one they find."""
+    here = str(Path(sys.executable).parent)
+    rest = [p for p in environ.get("PATH", "").split(os.pathsep) if p and p != here]
+    return {**environ, "PATH": os.pathsep.join([here, *rest])}
