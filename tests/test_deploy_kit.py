@@ -246,6 +246,44 @@ def test_up_waits_out_a_dead_node_s_session_then_reports_the_node_started(
         deploy.Federation(fed.root).stop_all()
 
 
+def test_a_node_that_listens_and_is_then_refused_is_started_again(tmp_path, monkeypatch):
+    """CI, stop 53: a restarted node's Runtime API listened, its activation was refused
+    seconds after the settle time (a loaded box), and it counted as started: the federation
+    ran on without it. A node counts as started once Flower logged its activation
+    (``ACTIVATED``); one refused after listening is started again."""
+    import socket
+
+    from pflower.deploy import federation
+
+    once = tmp_path / "refused-late-once"
+    node = (
+        "import socket, sys, time; s = socket.socket(); "
+        "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); "
+        "refused = sys.argv[2] == 'first'; time.sleep(1.5 if refused else 0); "
+        "print('[code: 2004] Failed to activate SuperNode.' if refused else "
+        "'SuperNode ID: 7', flush=True); sys.exit(1) if refused else time.sleep(73)"
+    )
+    port = "port=$(echo \"$@\" | grep -o -- '--port [0-9]*' | cut -d' ' -f2); "
+    _fake_flower(
+        tmp_path, monkeypatch,
+        f"{port}if [ -e {once} ]; then exec {sys.executable} -c \"{node}\" $port again; fi; "
+        f"touch {once}; exec {sys.executable} -c \"{node}\" $port first",
+    )  # fmt: skip
+    monkeypatch.setattr(federation, "READY_S", 20.0)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        base = probe.getsockname()[1] - 100  # the node's Runtime API port: base + 100
+    fed = deploy.Federation(tmp_path / "fed", supernodes=1, port=base)
+    fed.logs.mkdir(parents=True)
+    try:
+        (proc,) = fed.start_supernodes([0]).values()
+        assert proc.poll() is None, "the node refused after listening counted as started"
+        log = (fed.logs / "supernode-0.log").read_text()
+        assert log.count("Failed to activate SuperNode") == 1 and log.endswith("SuperNode ID: 7\n")
+    finally:
+        fed.stop_all()
+
+
 def test_the_superlink_s_state_is_its_database_file_or_flower_s_memory(tmp_path):
     from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
 
@@ -387,7 +425,8 @@ def test_a_supernode_whose_port_was_taken_at_its_bind_starts_again_on_another(
     once = tmp_path / "taken-once"
     listen = (
         "import socket, sys, time; s = socket.socket(); "
-        "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); time.sleep(73)"
+        "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); "
+        "print('SuperNode ID: 7', flush=True); time.sleep(73)"
     )
     taken = (
         'echo "ERROR:    [Errno 98] error while attempting to bind on '

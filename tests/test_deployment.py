@@ -98,6 +98,7 @@ def _wait_for(path: Path, text: str, proc, timeout: float = 120, count: int = 1)
     raise AssertionError(f"no {count} x {text!r} after {timeout} s:\n{said[-3000:]}")
 
 
+@pytest.mark.drill
 def test_a_tls_federation_keeps_personal_layers_refuses_outsiders_and_survives_kill_9(
     tmp_path,
 ):

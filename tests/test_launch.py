@@ -90,6 +90,7 @@ def stops_the_local_superlink_it_started():
 
 @pytest.mark.skipif(not shutil.which("flwr", path=str(Path(PFLOWER).parent)), reason="no flwr")
 @pytest.mark.usefixtures("stops_the_local_superlink_it_started")
+@pytest.mark.drill
 def test_pflower_run_exits_with_how_the_run_ended(tmp_path):
     """On Flower's local SuperLink, as a user runs it: a refused key stops before anything
     starts (2); a run whose every reply is dropped ends failed (1) with RunFailed's one line

@@ -3,8 +3,8 @@
 ``benchmarks/ray_cluster.py`` starts a Ray cluster of two nodes on this machine (Ray's own
 ``cluster_utils.Cluster``: two raylets, each with its own CPU), points Flower's simulation
 engine at it with ``RAY_ADDRESS`` and runs pflower; the clients' messages must run on both
-nodes, and the run must equal, bit for bit, the same run on one node. Marked ``slow`` (about
-a minute); skipped where Ray is not installed."""
+nodes, and the run must equal, bit for bit, the same run on one node. A drill (``pytest -m drill``,
+about a minute); skipped where Ray is not installed."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ pytest.importorskip("ray")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 
-@pytest.mark.slow
+@pytest.mark.drill
 def test_two_ray_nodes_share_the_clients_and_equal_one_node(tmp_path):
     import ray_cluster
 

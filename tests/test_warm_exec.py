@@ -88,6 +88,7 @@ def test_a_fork_of_the_warm_zygote_imports_nothing(tmp_path):
     and not (Path(sys.executable).parent / "flower-superlink").exists(),
     reason="Flower's deployment executables are not installed",
 )
+@pytest.mark.drill
 def test_a_warm_federation_runs_and_equals_local_grid(tmp_path):
     from pflower.deploy import Federation
     from pflower.experiments.local_grid import run_local

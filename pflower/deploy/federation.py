@@ -37,6 +37,10 @@ HEARTBEAT_WINDOW_S = 65
 SETTLE_S = 8.0
 #: at most this long (s) for a started SuperNode's Runtime API to listen
 READY_S = 60.0
+#: what Flower's SuperNode logs once the SuperLink has activated it (``SuperNode ID: <id>``,
+#: ``flwr/supernode/start_client_internal.py``): its Runtime API listens before that, and a
+#: node whose activation is refused exits after it, on a loaded box seconds after ``SETTLE_S``
+ACTIVATED = "SuperNode ID:"
 #: what a process says when the port it binds is held (uvicorn's words, as Python's)
 PORT_TAKEN = "address already in use"
 #: at most this many new ports for a node whose port was taken at its bind
@@ -401,8 +405,14 @@ class Federation:
         return alive
 
     def _until_ready(self, started: Mapping[int, tuple[int, subprocess.Popen]]) -> None:
-        """Wait ``SETTLE_S``, then until every node of ``started`` listens or has exited
-        (at most ``READY_S`` in all)."""
+        """Wait ``SETTLE_S``, then until every node of ``started`` has exited, or listens
+        and is activated (Flower logged ``ACTIVATED`` since its start), at most ``READY_S``
+        in all. Listening alone is not enough: a node the SuperLink refuses (a dead node's
+        session not yet lapsed) listens first and exits after its activation is refused,
+        which took more than ``SETTLE_S`` on a loaded 2-core box (the node then counted as
+        started and the federation ran on without it). A node still alive at ``READY_S``
+        without that line counts as started, as before the line was read (a Flower whose
+        log says it otherwise)."""
         _settle([proc for _, proc in started.values()])
         deadline = time.monotonic() + READY_S - SETTLE_S
         waiting = dict(started)
@@ -410,7 +420,8 @@ class Federation:
             waiting = {
                 i: (mark, proc)
                 for i, (mark, proc) in waiting.items()
-                if proc.poll() is None and not self.listening(i)
+                if proc.poll() is None
+                and not (self.listening(i) and ACTIVATED in self._log_since(f"supernode-{i}", mark))
             }
             if waiting:
                 time.sleep(0.2)
