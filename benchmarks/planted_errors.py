@@ -61,6 +61,39 @@ class Plant:
 PLANTS = [
     # --- the default defence (issue 45) -------------------------------------------------
     Plant(
+        "default defence: FFGG's rule (bucketed median) taken under DP too",
+        S + "server.py",
+        [
+            (
+                "rules = RUN_DEFAULTS.resolved(self.defaults) if privacy.on else app",
+                "rules = app",
+            )
+        ],
+        [DEFENCE],
+    ),
+    Plant(
+        "default defence: robust-aggregator = none gives FFGG its default rule",
+        S + "server.py",
+        [
+            (
+                '"robust": robust_aggregator(cfg) or False,',
+                '"robust": robust_aggregator(cfg),',
+            )
+        ],
+        [f"{T}test_bring_your_own.py"],
+    ),
+    Plant(
+        "default defence: a rule the run names takes FFGG's bucket size",
+        "pflower/settings.py",
+        [
+            (
+                'if defence and self.dp == "none" and self.robust_aggregator == "auto":',
+                'if defence and self.dp == "none":',
+            )
+        ],
+        [f"{T}test_attacks.py"],
+    ),
+    Plant(
         "default defence: a large claim's reply clipped to tau, not tau x w_m / w_i",
         S + "combine.py",
         [

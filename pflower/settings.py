@@ -553,7 +553,9 @@ class RunSettings(Settings):
         description=(
             "robust rule over the clients' updates (gradients, deltas, or current − returned "
             "weights) for every aggregating strategy (`pflower/strategies/aggregators.py`); "
-            "`auto`: `median` for `br-ffgg`, `none` otherwise"
+            "`auto`: the algorithm's default defence: `median` after buckets of 2 for `br-ffgg` "
+            "and (without DP) `ffgg`, `none` for `async-ffgg` (its own bounds), "
+            "`adaptive-clipping` otherwise; `none`: the papers' plain mean"
         ),
     )
     robust_byzantine: int = Field(
@@ -572,7 +574,8 @@ class RunSettings(Settings):
         ge=0,
         description=(
             "> 1: bucketing (random buckets of this size, averaged) before the rule; 0: `br-ffgg` "
-            "uses 2 (its agnostic default, 1 disables), the others none"
+            "and `ffgg`'s default defence use 2 (the agnostic default, 1 disables), the others "
+            "none"
         ),
     )
     robust_trim_beta: float = Field(
@@ -1094,15 +1097,25 @@ class RunSettings(Settings):
         except ValidationError as err:
             raise ConfigError(_describe(cls, err)) from None
 
-    def resolved(self, defaults: Mapping[str, Any] | None = None) -> Self:
+    def resolved(
+        self,
+        defaults: Mapping[str, Any] | None = None,
+        defence: Mapping[str, Any] | None = None,
+    ) -> Self:
         """This config with every key at its ``auto`` value (``AUTO``) replaced by the
         algorithm's default for it (``defaults``; ``None``: those of the chosen algorithm's
-        registration, e.g. PFLEGO's server lr and tau) or by the generic one. A strategy built
-        by hand takes its defaults from ``RunSettings().resolved(its class's defaults)``, so
-        that it runs what the app runs (``PersonalizedStrategy.app_settings``)."""
+        registration, e.g. PFLEGO's server lr and tau) or by the generic one; with
+        ``robust-aggregator`` at ``auto`` and no differential privacy, the keys of the
+        algorithm's default ``defence`` too (FFGG's: bucketing and the median in place of
+        adaptive clipping). A strategy built
+        by hand takes its defaults from ``RunSettings().resolved(its class's defaults and
+        defence)``, so that it runs what the app runs (``PersonalizedStrategy.app_settings``)."""
         if defaults is None:
             entry = self.algorithms.get(self.algorithm)
             defaults = entry.defaults if entry else {}
+            defence = entry.defence if entry else {}
+        if defence and self.dp == "none" and self.robust_aggregator == "auto":
+            defaults = {**defence, **defaults}  # a rule the run names keeps its own keys
         update = {
             key: defaults.get(key, generic)
             for key, (auto, generic) in AUTO.items()

@@ -46,8 +46,15 @@ def test_unknown_attack_is_refused_with_the_key():
 def test_br_ffgg_needs_a_robust_rule_and_defaults_to_the_agnostic_one():
     cfg = Config.from_run_config({"algorithm": "br-ffgg"})
     assert (cfg.robust_aggregator, cfg.robust_bucket_size) == ("median", 2)
-    # every other algorithm: the default defence (tests/test_default_defence.py)
-    assert Config.from_run_config({"algorithm": "ffgg"}).robust_aggregator == "adaptive-clipping"
+    # FFGG's default defence is the same rule, in runs without DP (tests/test_default_defence.py)
+    ffgg = Config.from_run_config({"algorithm": "ffgg"})
+    assert (ffgg.robust_aggregator, ffgg.robust_bucket_size) == ("median", 2)
+    dp = Config.from_run_config({"algorithm": "ffgg", "dp": "central", "dp-noise": 1.0})
+    assert dp.robust_aggregator == "adaptive-clipping" and dp.robust_bucket_size == 0
+    # a rule the run names keeps its own bucket size; every other algorithm clips adaptively
+    named = Config.from_run_config({"algorithm": "ffgg", "robust-aggregator": "trimmed-mean"})
+    assert named.robust_bucket_size == 0
+    assert Config.from_run_config({"algorithm": "fedalt"}).robust_aggregator == "adaptive-clipping"
     with pytest.raises(ConfigError, match="robust-aggregator"):
         Config.from_run_config({"algorithm": "br-ffgg", "robust-aggregator": "none"})
 

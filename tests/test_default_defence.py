@@ -20,6 +20,7 @@ from pflower.server_app import run as run_on
 from pflower.strategies import FedAvg
 from pflower.strategies.aggregators import make_aggregator
 from pflower.strategies.combine import AdaptiveClipping
+from pflower.strategies.privacy import DPSettings
 
 FACTOR = 1.0
 
@@ -196,17 +197,18 @@ def test_the_clip_factor_is_the_algorithms_default_unless_set():
     and 1 for every other algorithm; a value set is kept; one between 0 and 1 is refused."""
     from pflower.strategies.combine import adaptive_clipping
 
-    for algorithm, factor in (("fedavg", 1.0), ("ffgg", 1.0), ("apfl", 1.0), ("pflego", 2.0)):
+    for algorithm, factor in (("fedavg", 1.0), ("local-ffgg", 1.0), ("apfl", 1.0), ("pflego", 2.0)):
         cfg = Config.from_run_config({"algorithm": algorithm})
         assert cfg.robust_clip_factor == factor
         assert adaptive_clipping(cfg).factor == factor
+    assert adaptive_clipping(Config.from_run_config({"algorithm": "ffgg"})) is None  # its rule
     cfg = Config.from_run_config({"algorithm": "pflego", "robust-clip-factor": 3.0})
     assert adaptive_clipping(cfg).factor == 3.0
     with pytest.raises(Exception, match="'robust-clip-factor' = 0.5"):
         Config.from_run_config({"algorithm": "fedavg", "robust-clip-factor": 0.5})
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "ffgg", "scaffold"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "local-ffgg", "scaffold"])
 def test_one_byzantine_client_in_ten_at_defaults_is_clipped_in_every_phase(algorithm, tmp_path):
     overrides = {**FAST, "algorithm": algorithm}
     cfg = Config.from_run_config(overrides)
@@ -217,6 +219,28 @@ def test_one_byzantine_client_in_ten_at_defaults_is_clipped_in_every_phase(algor
     # before R is seeded the 1e6 x reply is clipped; afterwards the norm bound drops it
     assert drops(rep, "update norm") >= 1
     clean = run_on(LocalGrid(attacking_app(overrides), 10, seed=0), cfg, tmp_path / "c")
+    assert rep.final["personal-accuracy"] >= clean.final["personal-accuracy"] - 0.05
+
+
+def test_ffgg_defends_with_the_bucketed_median_at_defaults_and_clips_under_dp(tmp_path):
+    """FFGG's default defence (issue 45): its one gradient per client, against its own
+    direction at the largest accepted size, cost 11.85 points under adaptive clipping
+    (benchmarks/results/default-defence.md); at defaults its rounds take BR-FFGG's rule (random
+    buckets of 2, then the coordinate median) in every phase, and an attacked run stays within
+    5 points of the clean one. Under DP the clip is the defence: no rule is taken."""
+    from pflower.strategies.combine import robust_aggregator
+    from pflower.strategies.ffgg import FFGG
+
+    cfg = Config.from_run_config({**FAST, "algorithm": "ffgg"})
+    assert robust_aggregator(cfg).name == "bucketing(median, s=2)"
+    assert FFGG().robust.name == "bucketing(median, s=2)"  # a strategy built by hand too
+    private = FFGG(privacy=DPSettings(mode="central", noise=1.0, clip=1.0))
+    assert private.robust is None and private.clipping is None
+    app = attacking_app({**FAST, "algorithm": "ffgg"}, attack=flip_to(None))
+    rep = run_on(LocalGrid(app, 10, seed=0), cfg, tmp_path)
+    assert not any(e.train.get("clipped", 0) for e in rep.rounds if e.train)  # no clipping
+    clean = run_on(LocalGrid(attacking_app({**FAST, "algorithm": "ffgg"}), 10, seed=0), cfg,
+                   tmp_path / "c")  # fmt: skip
     assert rep.final["personal-accuracy"] >= clean.final["personal-accuracy"] - 0.05
 
 

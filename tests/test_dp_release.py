@@ -359,7 +359,7 @@ def test_under_central_dp_no_norm_reference_or_claim_median_decides_about_a_repl
     d = 50
     arrays = ArrayRecord({"w": Array(np.ones(d, np.float32))})
     for mode in ("none", "central"):
-        strategy = FFGG(fraction_train=1.0, max_failed_rounds=0, robust=None, clipping=False)
+        strategy = FFGG(fraction_train=1.0, max_failed_rounds=0, robust=False, clipping=False)
         if mode == "central":
             strategy = private(FFGG)
         assert strategy.central_dp == (mode == "central")

@@ -277,7 +277,8 @@ def test_ffgg_server_steps_with_the_unweighted_mean_gradient(task_identity):
     strategy = FFGG(
         fraction_train=1.0,
         server_optimizer=ServerOptimizer("sgd", 0.5),
-        clipping=False,  # the exact rule (the default defence clips)
+        robust=False,  # the exact rule (FFGG's default defence takes a bucketed median)
+        clipping=False,
     )
     strategy.num_rounds = 1
     theta = ArrayRecord({"t": Array(np.array([1.0, 1.0], np.float32))})

@@ -308,6 +308,7 @@ class AsyncFFGG(FFGG):
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
     algorithm = "async-ffgg|ffgg|br-ffgg"
     defaults = ASYNC_FFGG_DEFAULTS
+    defence = {}  # its own: the fair share and the recent-norm clip, not FFGG's rule
 
     def __init__(
         self,

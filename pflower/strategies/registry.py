@@ -34,6 +34,11 @@ class Algorithm:
     wire_split: str = "config"
     personal_split: str = "config"
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    #: its default defence where it is not adaptive clipping: values for the robust keys
+    #: left at ``auto``, taken only in runs that leave ``robust-aggregator`` at ``auto`` and
+    #: have no differential privacy (whose clipping is the defence there;
+    #: ``settings.RunSettings.resolved``)
+    defence: Mapping[str, Any] = field(default_factory=dict)
     settings: tuple[type[Settings], ...] = ()
     #: whether its client half runs behind ``PersonalizedNumPyClient`` (one ``arrays`` reply
     #: in the user's own split)

@@ -40,7 +40,7 @@ import time
 import uuid
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from flwr.app import (
@@ -213,12 +213,13 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         Share of the clients (the highest partition ids) never sampled for training: they
         are evaluated as new clients (their personal part from the algorithm's new-client
         rule) next to the trained ones.
-    robust : Aggregator or None (default: None)
+    robust : Aggregator, None or False (default: None)
         A robust rule (``pflower.strategies.aggregators``) applied to the clients' *updates*
         (gradients, deltas, or ``current - returned weights``), unweighted, in place of the
         (weighted) mean, in every phase: pre-training rounds too. ``None``: the app's for
-        this algorithm (``robust-aggregator``, ``robust-bucket-size``...): none, the
-        algorithm's own mean, unless its ``defaults`` name one (BR-FFGG).
+        this algorithm at its defaults: none (the algorithm's own mean, under adaptive
+        clipping), unless its ``defaults`` or its default ``defence`` name one (BR-FFGG;
+        FFGG: bucketing and the median). ``False``: no rule.
     byzantine : int (default: ``robust-byzantine``)
         Number f of Byzantine clients per round the robust rule must tolerate; checked
         against the rule's breakdown point at the first round (the sample size) and in every
@@ -282,6 +283,8 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
     #: the same mapping its registration declares (``registry.Algorithm.defaults``): a
     #: strategy built by hand uses them as the app does (``app_settings``)
     defaults: ClassVar[Mapping[str, Any]] = {}
+    #: its default defence where it is not adaptive clipping (``registry.Algorithm.defence``)
+    defence: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(
         self,
@@ -305,7 +308,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         sample_seed: int = RUN_DEFAULTS.sample_seed,
         model_fingerprint: str = "",
         holdout_fraction: float = RUN_DEFAULTS.holdout_fraction,
-        robust: Aggregator | None = None,
+        robust: Aggregator | None | Literal[False] = None,
         clipping: AdaptiveClipping | bool | None = None,
         byzantine: int = RUN_DEFAULTS.robust_byzantine,
         attack_simulation: Callable | None = None,
@@ -365,10 +368,13 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         self.holdout_fraction = holdout_fraction
         if byzantine < 0:
             raise ValueError(f"byzantine = {byzantine}: must be >= 0")
-        if robust is None:  # the algorithm's rule (BR-FFGG's), drawing from this seed
-            robust = robust_aggregator(app.model_copy(update={"seed": seed}))
-        self.robust, self.byzantine = robust, byzantine
         privacy = privacy or DPSettings.of(app)
+        if robust is None:  # the algorithm's rule (BR-FFGG's, FFGG's), drawing from this seed
+            # under DP its clip is the defence: the default defence's rule is not taken
+            rules = RUN_DEFAULTS.resolved(self.defaults) if privacy.on else app
+            robust = robust_aggregator(rules.model_copy(update={"seed": seed}))
+        robust = robust or None
+        self.robust, self.byzantine = robust, byzantine
         self.privacy = Mechanism(privacy) if privacy.on else None
         #: dp-sampling = "poisson": each eligible node trains on its own coin (NodeSampling)
         self.poisson_train = self.central_dp and privacy.sampling == POISSON
@@ -420,7 +426,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         """The run-level settings the app runs this algorithm with when no key is set (the
         run-config reference's defaults, the algorithm's ``defaults`` for keys at ``auto``):
         where this class's constructor defaults come from."""
-        return RUN_DEFAULTS.resolved(cls.defaults)
+        return RUN_DEFAULTS.resolved(cls.defaults, cls.defence)
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, **kwargs):
@@ -928,7 +934,7 @@ def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> d
         "seed": cfg.seed,
         "sample_seed": cfg.sample_seed,
         "holdout_fraction": cfg.holdout_fraction,
-        "robust": robust_aggregator(cfg),
+        "robust": robust_aggregator(cfg) or False,  # False: the run config names none
         "clipping": adaptive_clipping(cfg) or False,
         "byzantine": cfg.robust_byzantine,
         "max_update_norm": cfg.max_update_norm,
