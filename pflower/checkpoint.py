@@ -54,7 +54,7 @@ from pflower.settings import ConfigError
 from pflower.task.state import save_atomic
 
 if TYPE_CHECKING:
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 log = logging.getLogger("flwr.pflower")
 
@@ -105,7 +105,7 @@ def in_deployment(grid: Grid) -> bool:
     return grids.engine_of(grid) not in (grids.SIMULATION, grids.LOCAL)
 
 
-def interval(cfg: Config, grid: Grid) -> int:
+def interval(cfg: RunSettings, grid: Grid) -> int:
     """Rounds between checkpoints (0: none) for ``checkpoint-every`` on ``grid``."""
     if cfg.checkpoint_every == 0:  # auto
         return 1 if in_deployment(grid) else 0
@@ -153,7 +153,7 @@ class Checkpoint:
     state: dict
     continuable: bool
 
-    def check(self, cfg: Config) -> None:
+    def check(self, cfg: RunSettings) -> None:
         """Refuse a run config that computes something else than the checkpoint's run."""
         now = {k: v for k, v in cfg.to_flat().items() if k not in OPERATIONAL_KEYS}
         then = {k: v for k, v in self.config.items() if k not in OPERATIONAL_KEYS}
@@ -183,7 +183,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        cfg: Config,
+        cfg: RunSettings,
         out: Path,
         strategy,
         every: int,

@@ -20,13 +20,9 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, get_args
+from typing import Any, ClassVar, Literal, Protocol, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-if TYPE_CHECKING:
-    from pflower.config import Config
-    from pflower.strategies.registry import Algorithm
 
 #: Allowed values, declared once as ``Literal`` types (pydantic checks them; the tuples of
 #: their values are for code that lists them). Algorithm-specific choices live with their
@@ -111,6 +107,15 @@ AUTO: dict[str, tuple[Any, Any]] = {
 }
 
 
+class Registered(Protocol):
+    """What the run config reads of an algorithm's registration (``registry.Algorithm``,
+    which sits above this module: named here by what it offers, not imported)."""
+
+    defaults: Mapping[str, Any]
+    defence: Mapping[str, Any]
+    settings: tuple[type[Settings], ...]
+
+
 class ConfigError(ValueError):
     """A run-config value that is not allowed; the message names key, value and rule."""
 
@@ -129,7 +134,7 @@ class Settings(BaseModel):
     )
 
     @classmethod
-    def check(cls, cfg: Config) -> None:
+    def check(cls, cfg: RunSettings) -> None:
         """Rules across keys that hold when this settings' algorithm runs (``cfg`` is the
         whole run config); raise ``ConfigError`` naming key, value and what is allowed."""
 
@@ -148,7 +153,7 @@ class RunSettings(Settings):
     (``resolved``) come from it.
     """
 
-    algorithms: ClassVar[Mapping[str, Algorithm]] = {}
+    algorithms: ClassVar[Mapping[str, Registered]] = {}
 
     # --- what to run -----------------------------------------------------------------------
     algorithm: str = Field(

@@ -1,6 +1,7 @@
 """The layout's rules (DESIGN.md): an algorithm is one unit in one file; shared modules hold
 no per-algorithm code; ``task/`` knows nothing of Flower; the client protocol imports no
-server code; no import circle; the device entry imports no experiment code."""
+server code; no import circle, counting ``if TYPE_CHECKING:`` imports; the device entry
+imports no experiment code."""
 
 from __future__ import annotations
 
@@ -122,16 +123,17 @@ def _type_checking(test: ast.expr) -> bool:
     )
 
 
-def _runtime_imports(path: Path, modules: set[str]) -> set[str]:
+def _runtime_imports(path: Path, modules: set[str], typing: bool = False) -> set[str]:
     """The pflower modules ``path`` imports when it runs: at module level and inside functions
-    (lazy imports count), not under ``if TYPE_CHECKING:``; ``from x import y`` is module
-    ``x.y`` when that is a module, else ``x``; relative imports resolved."""
+    (lazy imports count), not under ``if TYPE_CHECKING:`` unless ``typing`` (a type checker's
+    imports); ``from x import y`` is module ``x.y`` when that is a module, else ``x``;
+    relative imports resolved."""
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _type_checking(node.test):
+        if isinstance(node, ast.If) and _type_checking(node.test) and not typing:
             for child in node.orelse:  # the else branch runs
                 visit(child)
             return
@@ -157,15 +159,16 @@ def _runtime_imports(path: Path, modules: set[str]) -> set[str]:
     return targets
 
 
-def import_graph() -> dict[str, set[str]]:
-    """pflower's modules -> the pflower modules each imports, read from the source.
+def import_graph(typing: bool = False) -> dict[str, set[str]]:
+    """pflower's modules -> the pflower modules each imports, read from the source (with
+    ``typing``: its ``if TYPE_CHECKING:`` imports too).
 
     Importing ``pflower.a.b`` also runs the package ``pflower.a``'s ``__init__``; that is
     Python's package mechanism, not an import the module makes, and is left out (as
     import-linter and grimp do): the registry is ``pflower/strategies/__init__.py`` by design."""
     paths = sorted(PKG.rglob("*.py"))
     modules = {_module_name(p) for p in paths}
-    return {_module_name(p): _runtime_imports(p, modules) for p in paths}
+    return {_module_name(p): _runtime_imports(p, modules, typing) for p in paths}
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -222,6 +225,20 @@ def test_no_import_circle():
     graph = import_graph()
     circles = [c for c in strongly_connected(graph) if len(c) > 1]
     assert circles == [], circles
+
+
+def test_no_import_circle_through_type_checking_imports():
+    """Issue 48, item 6: the layers run one way for a type checker too. An ``if
+    TYPE_CHECKING:`` import of a module above (``Config`` from the bottom layer or an
+    algorithm, ``RunReport`` from the plots it draws) is a circle a reader meets in the
+    annotations: the layers below name what they read (``settings.RunSettings``, an
+    algorithm's ``RunConfig``, a ``Protocol``), never the composed ``Config``."""
+    graph = import_graph(typing=True)
+    circles = [c for c in strongly_connected(graph) if len(c) > 1]
+    assert circles == [], circles
+    below = [m for m, imported in graph.items() if "pflower.config" in imported]
+    assert not [m for m in below if m.startswith(("pflower.strategies", "pflower.task"))], below
+    assert graph["pflower.settings"] <= {"pflower.wire"}, graph["pflower.settings"]
 
 
 def test_the_bottom_layer_imports_no_algorithm():

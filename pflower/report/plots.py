@@ -8,12 +8,23 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pflower.strategies.history import train_loss
 
 if TYPE_CHECKING:
-    from pflower.report.results import RunReport
+    from pflower.settings import RunSettings
+
+
+class RunReport(Protocol):
+    """What the plots read of a run's report (``results.RunReport``, which imports this
+    module to draw them: named here by what it offers, not imported back)."""
+
+    cfg: RunSettings
+    num_nodes: int
+    rounds: list  # of RoundLog
+    clients: list[dict]
+
 
 log = logging.getLogger("flwr.pflower")
 

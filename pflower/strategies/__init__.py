@@ -55,7 +55,7 @@ from pflower.task.split import Split
 from pflower.wire import ClientUpdate
 
 if TYPE_CHECKING:
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 #: every algorithm of the app, each declared (strategy, client half, wire split, settings,
 #: defaults) in its own file; ``pflower.config.Config`` composes their settings
@@ -75,19 +75,19 @@ def get_algorithm(name: str) -> Algorithm:
         ) from None
 
 
-def make_strategy(cfg: Config, shared_names=None) -> PersonalizedStrategy:
+def make_strategy(cfg: RunSettings, shared_names=None) -> PersonalizedStrategy:
     """The strategy of ``cfg.algorithm`` with the run config's settings.
 
     ``shared_names`` (the wire split's shared parameters) is needed with pre-training."""
     return get_algorithm(cfg.algorithm).strategy(cfg, **strategy_kwargs(cfg, shared_names))
 
 
-def wire_split(model: nn.Module, cfg: Config) -> Split:
+def wire_split(model: nn.Module, cfg: RunSettings) -> Split:
     """Which parameters of ``model`` cross the wire (shared) under ``cfg.algorithm``."""
     return split_by_rule(model, cfg, get_algorithm(cfg.algorithm).wire_split)
 
 
-def personal_split(model: nn.Module, cfg: Config) -> Split:
+def personal_split(model: nn.Module, cfg: RunSettings) -> Split:
     """Which parameters of ``model`` the personalized model adapts under ``cfg.algorithm``."""
     return split_by_rule(model, cfg, get_algorithm(cfg.algorithm).personal_split)
 

@@ -82,7 +82,7 @@ from pflower.wire import (
 )
 
 if TYPE_CHECKING:
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 log = logging.getLogger("flwr.pflower")
 
@@ -150,9 +150,16 @@ class APFLSettings(Settings):
     )
 
     @classmethod
-    def check(cls, cfg: Config) -> None:
+    def check(cls, cfg: RunConfig) -> None:
         if cfg.apfl_lr_decay < 1 and cfg.lr_schedule != "constant":
             raise ConfigError(two_schedules(cfg.apfl_lr_decay, repr(cfg.lr_schedule)))
+
+
+if TYPE_CHECKING:
+
+    class RunConfig(RunSettings, APFLSettings):
+        """What this file reads of a run config: the run-level keys and APFL's
+        own (the composed ``pflower.config.Config``, defined above this file, is one)."""
 
 
 def two_schedules(decay: float, schedule: str) -> str:
@@ -432,7 +439,7 @@ class _Mixture(nn.Module):
         return functional_call(self.model, mixed, (x,))
 
 
-def refuse_batchnorm(cfg: Config, model: nn.Module) -> None:
+def refuse_batchnorm(cfg: RunConfig, model: nn.Module) -> None:
     """APFL mixes parameters, not BatchNorm's running statistics: such a model needs the
     mixing of outputs."""
     norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
@@ -444,7 +451,7 @@ def refuse_batchnorm(cfg: Config, model: nn.Module) -> None:
         )
 
 
-def apfl_strategy(cfg: Config, **kwargs) -> APFL:
+def apfl_strategy(cfg: RunConfig, **kwargs) -> APFL:
     if cfg.apfl_mixing == "parameters":
         refuse_batchnorm(cfg, build_run_model(cfg))
     return APFL(weighted=cfg.apfl_weighting == "num-examples", **kwargs)

@@ -88,7 +88,7 @@ from pflower.strategies.nodes import index_dispatch
 from pflower.strategies.registry import Algorithm
 
 if TYPE_CHECKING:
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 # A child of Flower's logger, so the records go wherever Flower's go (console, `flwr log`).
 log = logging.getLogger("flwr.pflower")
@@ -178,7 +178,7 @@ class AsyncFFGGSettings(Settings):
     )
 
     @classmethod
-    def check(cls, cfg: Config) -> None:
+    def check(cls, cfg: RunConfig) -> None:
         for key, value in (
             ("async-max-share", cfg.async_max_share),
             ("async-clip-factor", cfg.async_clip_factor),
@@ -201,6 +201,13 @@ class AsyncFFGGSettings(Settings):
                 "at a time as they arrive, not as a sampled round's mean, which the accountant's "
                 "sampling without replacement describes; use 'ffgg' or 'local-ffgg' with dp"
             )
+
+
+if TYPE_CHECKING:
+
+    class RunConfig(RunSettings, FFGGSettings, AsyncFFGGSettings):
+        """What this file reads of a run config: the run-level keys, FFGG's and asynchronous
+        FFGG's own (the composed ``pflower.config.Config``, defined above this file, is one)."""
 
 
 #: asynchronous FFGG's keys at their defaults: ``AsyncFFGG``'s constructor defaults
@@ -580,7 +587,7 @@ class AsyncFFGG(FFGG):
             self.record_server_metrics(version, dict(metrics))
 
 
-def async_ffgg_strategy(cfg: Config, **kwargs) -> AsyncFFGG:
+def async_ffgg_strategy(cfg: RunConfig, **kwargs) -> AsyncFFGG:
     return AsyncFFGG(
         weighted=cfg.ffgg_weighting == "num-examples",
         concurrency=cfg.async_concurrency,

@@ -53,7 +53,7 @@ from pflower.wire import (
 )
 
 if TYPE_CHECKING:
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 PERSONAL = "personal"  # store key of the personal parameters
 
@@ -68,7 +68,7 @@ class ClientJob:
     (``personal-init``), else the seeded init every client builds identically.
     """
 
-    cfg: Config
+    cfg: RunSettings
     partition_id: int
     num_partitions: int
     model: nn.Module
@@ -379,7 +379,7 @@ class ClientHalf:
     #: control variates, APFL's mixed step) run pflower's
     users_loop = False
 
-    def check(self, cfg: Config, model: nn.Module, split: splits.Split, train_loop) -> None:
+    def check(self, cfg: RunSettings, model: nn.Module, split: splits.Split, train_loop) -> None:
         """Refuse, before any message, a client this half cannot serve: a model, split or
         training loop of the user's (``pflower.personal_client``); a ``ValueError`` that
         names the fix. The base refuses step counts that a loop of epochs cannot follow."""

@@ -13,10 +13,10 @@ from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator
 
 if TYPE_CHECKING:
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 
-def robust_aggregator(cfg: Config) -> Aggregator | None:
+def robust_aggregator(cfg: RunSettings) -> Aggregator | None:
     """The run config's robust rule (``robust-*`` keys) that replaces the mean, or None."""
     name = cfg.robust_aggregator
     if name in ("none", "auto", AdaptiveClipping.name):
@@ -35,7 +35,7 @@ def robust_aggregator(cfg: Config) -> Aggregator | None:
     )
 
 
-def adaptive_clipping(cfg: Config) -> AdaptiveClipping | None:
+def adaptive_clipping(cfg: RunSettings) -> AdaptiveClipping | None:
     """The default defence (``AdaptiveClipping``) where the run config asks for it: the
     rule resolved to ``adaptive-clipping`` (``auto`` for every algorithm without a rule of
     its own) and no differential privacy, whose clipping replaces every statistic across

@@ -45,7 +45,7 @@ from pflower.strategies.server import PersonalizedStrategy
 from pflower.wire import ClientUpdate
 
 if TYPE_CHECKING:
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 #: ``fedrep`` / ``fedper``: the literature's names for FedAlt / FedSim with the head split
 HEAD_ALIASES = {"fedrep": "fedalt", "fedper": "fedsim"}
@@ -73,13 +73,20 @@ class FedAltSettings(Settings):
     )
 
     @classmethod
-    def check(cls, cfg: Config) -> None:
+    def check(cls, cfg: RunConfig) -> None:
         if cfg.algorithm in HEAD_ALIASES and (cfg.split != "head" or cfg.split_patterns):
             raise ConfigError(
                 f"key 'split' = {cfg.split!r}: algorithm {cfg.algorithm!r} is "
                 f"{HEAD_ALIASES[cfg.algorithm]!r} with the head split; use split 'head', or "
                 f"algorithm {HEAD_ALIASES[cfg.algorithm]!r} for other splits"
             )
+
+
+if TYPE_CHECKING:
+
+    class RunConfig(RunSettings, FedAltSettings):
+        """What this file reads of a run config: the run-level keys and FedAlt's and FedSim's
+        own (the composed ``pflower.config.Config``, defined above this file, is one)."""
 
 
 #: FedAlt / FedSim's keys at their defaults: ``FedAlt``'s constructor defaults
@@ -204,11 +211,11 @@ class FedSimClient(_PartialClient):
         return job.shared_record(), train_metrics(job, result)
 
 
-def fedalt_strategy(cfg: Config, **kwargs) -> FedAlt:
+def fedalt_strategy(cfg: RunConfig, **kwargs) -> FedAlt:
     return FedAlt(weighted=cfg.fedalt_weighting == "num-examples", **kwargs)
 
 
-def fedsim_strategy(cfg: Config, **kwargs) -> FedSim:
+def fedsim_strategy(cfg: RunConfig, **kwargs) -> FedSim:
     return FedSim(weighted=cfg.fedalt_weighting == "num-examples", **kwargs)
 
 

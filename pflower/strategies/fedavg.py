@@ -31,7 +31,7 @@ from pflower.task.split import make_split
 from pflower.wire import ClientUpdate
 
 if TYPE_CHECKING:
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 
 class FedAvg(PersonalizedStrategy):
@@ -128,11 +128,11 @@ class LocalClient(ClientHalf):
         job.restore_personal()
 
 
-def fedavg_strategy(cfg: Config, **kwargs) -> FedAvg:
+def fedavg_strategy(cfg: RunSettings, **kwargs) -> FedAvg:
     return FedAvg(**kwargs)
 
 
-def local_strategy(cfg: Config, **kwargs) -> Local:
+def local_strategy(cfg: RunSettings, **kwargs) -> Local:
     return Local(**kwargs)
 
 

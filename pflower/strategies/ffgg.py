@@ -65,7 +65,7 @@ from pflower.task import train as training
 from pflower.wire import DELTA, GRAD_NORM, GRADIENT, NUM_EXAMPLES, ClientUpdate, to_record
 
 if TYPE_CHECKING:
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 
 class FFGGSettings(Settings):
@@ -99,7 +99,7 @@ class FFGGSettings(Settings):
     )
 
     @classmethod
-    def check(cls, cfg: Config) -> None:
+    def check(cls, cfg: RunConfig) -> None:
         if cfg.ffgg_solver in ("gd", "cg") and cfg.personal_steps == 0:
             raise ConfigError(
                 f"key 'personal-steps' = 0: ffgg-solver {cfg.ffgg_solver!r} runs "
@@ -126,6 +126,13 @@ class FFGGSettings(Settings):
                 "'geometric-median', 'centered-clipping' (with 'robust-bucket-size' = 2 for "
                 "the agnostic robust rules of the paper's Def. 2)"
             )
+
+
+if TYPE_CHECKING:
+
+    class RunConfig(RunSettings, FFGGSettings):
+        """What this file reads of a run config: the run-level keys and FFGG's
+        own (the composed ``pflower.config.Config``, defined above this file, is one)."""
 
 
 #: BR-FFGG's values for run-config keys left at ``auto`` (``config.AUTO``): bucketing with
@@ -382,15 +389,15 @@ class BRFFGG(FFGG):
     defaults = BR_FFGG_DEFAULTS
 
 
-def ffgg_strategy(cfg: Config, **kwargs) -> FFGG:
+def ffgg_strategy(cfg: RunConfig, **kwargs) -> FFGG:
     return FFGG(weighted=cfg.ffgg_weighting == "num-examples", **kwargs)
 
 
-def br_ffgg_strategy(cfg: Config, **kwargs) -> BRFFGG:
+def br_ffgg_strategy(cfg: RunConfig, **kwargs) -> BRFFGG:
     return BRFFGG(weighted=cfg.ffgg_weighting == "num-examples", **kwargs)
 
 
-def local_ffgg_strategy(cfg: Config, **kwargs) -> LocalFFGG:
+def local_ffgg_strategy(cfg: RunConfig, **kwargs) -> LocalFFGG:
     return LocalFFGG(weighted=cfg.ffgg_weighting == "num-examples", **kwargs)
 
 

@@ -41,7 +41,7 @@ from pflower.task import train as training
 from pflower.wire import LR, ClientUpdate
 
 if TYPE_CHECKING:
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 # --- wire contract: shares every parameter (reply ``arrays``: x_m); config-record keys the
 # server sends with each round's coins; the store key of x_m on the device
@@ -76,7 +76,7 @@ class L2GDSettings(Settings):
         return self.l2gd_p or 1.0 / self.local_steps
 
     @classmethod
-    def check(cls, cfg: Config) -> None:
+    def check(cls, cfg: RunConfig) -> None:
         if cfg.fraction_train != 1:
             raise ConfigError(
                 f"key 'fraction-train' = {cfg.fraction_train}: l2gd needs 1.0 (every client "
@@ -87,6 +87,13 @@ class L2GDSettings(Settings):
                 "key 'l2gd-p' = 0 means p = 1/local-steps, and 'local-steps' = 1: set "
                 "'local-steps' >= 2 (0: L2GD's default, 10) or 'l2gd-p' in (0, 1)"
             )
+
+
+if TYPE_CHECKING:
+
+    class RunConfig(RunSettings, L2GDSettings):
+        """What this file reads of a run config: the run-level keys and L2GD's
+        own (the composed ``pflower.config.Config``, defined above this file, is one)."""
 
 
 #: L2GD's keys at their defaults: ``L2GD``'s constructor defaults
@@ -235,7 +242,7 @@ class L2GDClient(ClientHalf):
             splits.set_tensors(job.model, stored)
 
 
-def l2gd_strategy(cfg: Config, **kwargs) -> L2GD:
+def l2gd_strategy(cfg: RunConfig, **kwargs) -> L2GD:
     return L2GD(lam=cfg.l2gd_lambda, p=cfg.effective_l2gd_p, **kwargs)
 
 

@@ -63,7 +63,7 @@ from pflower.task.run_model import build_run_model, split_by_rule
 from pflower.wire import GRADIENT, NUM_EXAMPLES, ClientUpdate, to_record
 
 if TYPE_CHECKING:
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 # --- wire contract: the reply is ``gradient`` (g_i, the theta-gradient of the client's
 # loss); the server's config record carries the personal heads' step size rho * I / r
@@ -122,6 +122,13 @@ class PFLEGOSettings(Settings):
             "classes get no probability) instead of all C"
         ),
     )
+
+
+if TYPE_CHECKING:
+
+    class RunConfig(RunSettings, PFLEGOSettings):
+        """What this file reads of a run config: the run-level keys and PFLEGO's
+        own (the composed ``pflower.config.Config``, defined above this file, is one)."""
 
 
 #: PFLEGO's keys at their defaults: ``PFLEGO``'s constructor defaults
@@ -383,7 +390,7 @@ class PFLEGOClient(ClientHalf):
             self.new_client(job)
 
 
-def pflego_strategy(cfg: Config, **kwargs) -> PFLEGO:
+def pflego_strategy(cfg: RunConfig, **kwargs) -> PFLEGO:
     if cfg.effective_task != "classification" or cfg.loss not in ("auto", "cross-entropy"):
         raise ValueError(
             f"key 'loss' = {cfg.loss!r}, 'task' = {cfg.effective_task!r}: PFLEGO's closed-form "

@@ -116,7 +116,7 @@ from pflower.flower import dp as flower_dp
 from pflower.flower.dp import clip_inputs_inplace, compute_adaptive_noise_params, compute_stdv
 
 if TYPE_CHECKING:
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 NONE, CENTRAL, LOCAL = "none", "central", "local"
 FIXED, POISSON = "fixed", "poisson"  # dp-sampling
@@ -150,7 +150,7 @@ class DPSettings:
     canaries: int = 0
 
     @classmethod
-    def of(cls, cfg: Config) -> DPSettings:
+    def of(cls, cfg: RunSettings) -> DPSettings:
         return cls(
             mode=cfg.dp,
             clip=cfg.dp_clip,

@@ -41,7 +41,7 @@ from pflower.task import train as training
 from pflower.wire import DELTA, ClientUpdate, to_record
 
 if TYPE_CHECKING:
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 
 class ScaffoldSettings(Settings):
@@ -55,6 +55,13 @@ class ScaffoldSettings(Settings):
             "steps) or `full-gradient` (option I, a full local gradient at the received x)"
         ),
     )
+
+
+if TYPE_CHECKING:
+
+    class RunConfig(RunSettings, ScaffoldSettings):
+        """What this file reads of a run config: the run-level keys and Scaffold's
+        own (the composed ``pflower.config.Config``, defined above this file, is one)."""
 
 
 CONTROL = "control"  # server -> client: c
@@ -160,7 +167,7 @@ class ScaffoldClient(FedAvgClient):
         return records, train_metrics(job, result)
 
 
-def scaffold_strategy(cfg: Config, **kwargs) -> Scaffold:
+def scaffold_strategy(cfg: RunConfig, **kwargs) -> Scaffold:
     return Scaffold(**kwargs)
 
 

@@ -104,7 +104,7 @@ from pflower.wire import (
 )
 
 if TYPE_CHECKING:
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 # A child of Flower's logger, so our records go wherever Flower's go (console, `flwr log`).
 log = logging.getLogger("flwr.pflower")
@@ -914,7 +914,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         return MetricRecord(summary)
 
 
-def strategy_kwargs(cfg: Config, shared_names: Sequence[str] | None = None) -> dict:
+def strategy_kwargs(cfg: RunSettings, shared_names: Sequence[str] | None = None) -> dict:
     """The base-strategy settings of a run config."""
     return {
         "fraction_train": cfg.fraction_train,

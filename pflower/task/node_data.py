@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 #: the node config key naming the device's data file
 DATA_PATH = "data-path"
@@ -37,7 +37,7 @@ def _where(path: str) -> str:
     return f"node config {DATA_PATH!r} = {path!r}"
 
 
-def read(cfg: Config, path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def read(cfg: RunSettings, path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The device's features, labels and fixed test mask (None: split by ``test-fraction``),
     checked against the run's ``input-shape``, ``num-classes`` and task."""
     p = Path(path).expanduser()
@@ -66,7 +66,7 @@ def read(cfg: Config, path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | N
     return x, y, fixed
 
 
-def _check(cfg: Config, path: str, x: np.ndarray, y: np.ndarray) -> None:
+def _check(cfg: RunSettings, path: str, x: np.ndarray, y: np.ndarray) -> None:
     shape = cfg.node_input_shape
     if x.ndim < 1 or tuple(x.shape[1:]) != shape:
         raise ValueError(

@@ -17,10 +17,10 @@ from pflower.task.split import Split, make_split
 from pflower.task.train import set_objective
 
 if TYPE_CHECKING:
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 
-def build_run_model(cfg: Config) -> nn.Module:
+def build_run_model(cfg: RunSettings) -> nn.Module:
     """The run's model, built identically (seeded) on the server and on every client, with
     the run's loss and task attached (``training.set_objective``).
 
@@ -43,7 +43,7 @@ def build_run_model(cfg: Config) -> nn.Module:
     return set_objective(model, cfg.loss, cfg.effective_task, load)
 
 
-def split_by_rule(model: nn.Module, cfg: Config, rule: str) -> Split:
+def split_by_rule(model: nn.Module, cfg: RunSettings, rule: str) -> Split:
     """The split of ``model`` by an algorithm's rule (``Algorithm.wire_split`` /
     ``personal_split``): ``"config"`` is the run config's ``split`` (or ``split-patterns``),
     any other rule a preset (``"none"``, ``"full"``)."""

@@ -20,7 +20,7 @@ from pflower.task import linear, node_data
 from pflower.task.data.partitioning import _source
 
 if TYPE_CHECKING:
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 
 def stratified_split(
@@ -114,7 +114,7 @@ class _ByteBudgetCache:
 
 @_ByteBudgetCache
 def client_arrays(
-    cfg: Config, partition_id: int, num_partitions: int, data_path: str | None = None
+    cfg: RunSettings, partition_id: int, num_partitions: int, data_path: str | None = None
 ) -> ClientArrays:
     """The client's train and test arrays, deterministic in ``seed``: the fixed assignment
     of the source when it has one (``test-column``, train/test splits on disk), else a split
@@ -154,7 +154,7 @@ def client_arrays(
 
 
 def load_client_data(
-    cfg: Config,
+    cfg: RunSettings,
     partition_id: int,
     num_partitions: int,
     dtype: torch.dtype | None = None,

@@ -29,10 +29,10 @@ if TYPE_CHECKING:
     from flwr_datasets import FederatedDataset
     from flwr_datasets.partitioner import Partitioner
 
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 
-def make_partitioner(cfg: Config, num_partitions: int) -> Partitioner:
+def make_partitioner(cfg: RunSettings, num_partitions: int) -> Partitioner:
     """The flwr-datasets partitioner named by ``cfg.partitioner``."""
     from flwr_datasets.partitioner import (
         DirichletPartitioner,
@@ -79,7 +79,7 @@ class _Source:
     _row_column: np.ndarray | None = None  # the shuffled row ids, once the map is known
 
     def partition(
-        self, cfg: Config, partition_id: int
+        self, cfg: RunSettings, partition_id: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The partition's features, labels and fixed test mask (None: none fixed)."""
         if self.federated is not None:
@@ -111,7 +111,7 @@ class _Source:
         return self._row_column[np.asarray(indices, dtype=np.int64)]
 
 
-def _check_partitions(cfg: Config, partitioner: Partitioner, num_partitions: int) -> None:
+def _check_partitions(cfg: RunSettings, partitioner: Partitioner, num_partitions: int) -> None:
     if partitioner.num_partitions != num_partitions:
         raise ValueError(
             f"partitioner 'natural' on column {cfg.natural_column!r} gives "
@@ -121,7 +121,7 @@ def _check_partitions(cfg: Config, partitioner: Partitioner, num_partitions: int
 
 
 @functools.lru_cache(maxsize=4)
-def _source(cfg: Config, num_partitions: int) -> _Source:
+def _source(cfg: RunSettings, num_partitions: int) -> _Source:
     _need_data_extra()
     info = dataset_info(cfg)
     if (

