@@ -246,6 +246,31 @@ def test_up_waits_out_a_dead_node_s_session_then_reports_the_node_started(
         deploy.Federation(fed.root).stop_all()
 
 
+def test_up_starts_a_dead_warm_superexec_again_beside_its_living_supernode(tmp_path, monkeypatch):
+    """Issue 50, item 1: a warm SuperExec whose zygote died exits, and its SuperNode, alive and
+    listed online, ran nothing until ``down`` + ``up``. ``up`` (a new object, from pids.json,
+    as the command makes it) checks every warm SuperExec beside a running node and starts a
+    dead one again with its own command line; a living one is left alone."""
+    _fake_flower(tmp_path, monkeypatch, "sleep 76")
+    fed = deploy.Federation(tmp_path / "fed", supernodes=2)
+    fed.logs.mkdir(parents=True)
+    try:
+        for i in (0, 1):
+            fed._start(f"supernode-{i}", ["sleep", f"7{7 + i}"])
+            fed._start(f"warm-exec-{i}", ["sleep", f"8{7 + i}"])
+        dead, alive = fed.entries["warm-exec-0"]["pid"], fed.entries["warm-exec-1"]["pid"]
+        fed.crash("warm-exec-0")
+        said = deploy.Federation(fed.root, supernodes=2).up()
+        assert f"warm-exec-0: had died (pid {dead}); started again" in "\n".join(said), said
+        assert f"warm-exec-1: already running (pid {alive})" in said, said
+        entries = json.loads((fed.root / "pids.json").read_text())
+        assert entries["warm-exec-0"]["pid"] != dead and deploy.alive(entries["warm-exec-0"]["pid"])
+        assert entries["warm-exec-0"]["command"] == ["sleep", "87"]
+        assert entries["warm-exec-1"]["pid"] == alive
+    finally:
+        deploy.Federation(fed.root).stop_all()
+
+
 def test_a_node_that_listens_and_is_then_refused_is_started_again(tmp_path, monkeypatch):
     """CI, stop 53: a restarted node's Runtime API listened, its activation was refused
     seconds after the settle time (a loaded box), and it counted as started: the federation

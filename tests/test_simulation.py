@@ -1,4 +1,7 @@
-"""End to end through Flower's simulation engine (in-process, no background processes)."""
+"""End to end through Flower's simulation engine (in-process, no background processes), and
+the pipelines whose engine run adds nothing to that on a ``LocalGrid`` (the engine's
+trajectory, bit for bit: the last test), which costs no Ray start (~20 s a run on CI's 2
+cores)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from flwr.simulation import run_simulation
 from helpers import corrupting_app
 
 from pflower.client_app import build_client_app
+from pflower.experiments.local_grid import run_local
 from pflower.server_app import build_server_app
 
 BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
@@ -41,7 +45,7 @@ def test_fedavg_ft_personalizes_on_pathological_mnist(tmp_path):
         "finetune-epochs": 3,
         "outputs-dir": str(tmp_path),
     }
-    report = simulate(overrides, num_nodes=5)
+    report = run_local(overrides, 5)
     final = report.final
     assert final["clients"] == 5  # the final round evaluates every client
     assert final["personal-accuracy"] > final["global-accuracy"] + 0.1
@@ -80,7 +84,7 @@ def test_local_baseline_runs_without_federation(tmp_path):
         "evaluate-every": 2,
         "outputs-dir": str(tmp_path),
     }
-    report = simulate(overrides, num_nodes=3)
+    report = run_local(overrides, 3)
     assert report.final["personal-accuracy"] > 0.5
     assert "global-accuracy" not in report.final  # no global model to speak of
 
@@ -101,7 +105,7 @@ def test_fedalt_pipeline_pretrain_then_personalize(tmp_path):
         "server-lr": 0.01,
         "outputs-dir": str(tmp_path),
     }
-    report = simulate(overrides, num_nodes=4)
+    report = run_local(overrides, 4)
     assert [r.round for r in report.rounds] == [1, 2, 3, 4]
     pretrain_eval = report.rounds[1].evaluate  # the FedAvg model after step (a)
     assert pretrain_eval["personal-accuracy"] == pretrain_eval["global-accuracy"]
@@ -114,7 +118,6 @@ def test_fedalt_pipeline_pretrain_then_personalize(tmp_path):
 def test_ffgg_and_local_ffgg_run_and_report_the_split_diagnostic(tmp_path):
     """FFGG through the engine; Local FFGG, whose report is written by the same code, on a
     ``LocalGrid`` (the same trajectory as the engine's: the test below)."""
-    from pflower.experiments.local_grid import run_local
 
     for algorithm in ("ffgg", "local-ffgg"):
         overrides = {
@@ -146,7 +149,6 @@ def test_local_grid_run_equals_the_simulation_engine_run(tmp_path):
     every run) on new node ids: the engine's random ones, and LocalGrid's, twice."""
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
-    from pflower.experiments.local_grid import run_local
     from pflower.flower import dispatch as flower_dispatch
 
     overrides = {

@@ -476,6 +476,9 @@ class Federation:
             label = f"supernode-{i}"
             if self.running(label):
                 said.append(f"{label}: already running (pid {self.entries[label]['pid']})")
+                warm_exec = self.restart_warm_exec(i)
+                if warm_exec is not None:
+                    said.append(warm_exec)
                 continue
             flower = self.register(i)
             again = ALREADY_REGISTERED in flower.lower()
@@ -492,6 +495,23 @@ class Federation:
                 f"supernode-{i}: started (pid {proc.pid}, alive after {SETTLE_S:g} s{where})"
             )
         return said
+
+    def restart_warm_exec(self, i: int) -> str | None:
+        """Start SuperNode ``i``'s warm SuperExec again, with the command it was started
+        with, if it has died while its SuperNode lives; what was done, or None where the
+        node has no warm SuperExec. Its zygote dying takes the warm SuperExec with it
+        (``warm_exec``: a broken pipe ends it), and a SuperNode whose SuperExec is gone is
+        listed online but runs nothing: every round dropped its reply at the round timeout
+        until ``down`` + ``up`` (issue 50). ``up`` calls this for every running node."""
+        label = f"warm-exec-{i}"
+        entry = self.entries.get(label)
+        if entry is None:
+            return None
+        if self.running(label):
+            return f"{label}: already running (pid {entry['pid']})"
+        dead = entry["pid"]
+        proc = self._start(label, list(entry["command"]))
+        return f"{label}: had died (pid {dead}); started again (pid {proc.pid})"
 
     def run(self, run_config: Mapping[str, object], app: str | os.PathLike, timeout: float = 600):
         """``flwr run <app> <connection> --stream`` with ``run_config`` overrides."""

@@ -154,7 +154,7 @@ def _run_task(spec: dict, hand_back: Path | None = None) -> int:
     except BaseException:  # never a silent exit: the SuperExec's log says why the task failed
         print(
             "pflower warm SuperExec: the task failed in Flower's run_clientapp "
-            "(pflower.flower adapters: checked on Flower " + " and ".join(CHECKED) + "):",
+            "(pflower.flower adapters: checked on Flower " + ", ".join(CHECKED) + "):",
             file=sys.stderr,
         )
         traceback.print_exc()
@@ -323,7 +323,7 @@ def main(argv=None) -> None:
         print(
             f"pflower warm SuperExec is off: {reason}; Flower's own SuperExec runs each task "
             "in a fresh flwr-clientapp process (cold, as without pflower). Checked on Flower "
-            + " and ".join(CHECKED),
+            + ", ".join(CHECKED),
             file=sys.stderr,
             flush=True,
         )
