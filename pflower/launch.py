@@ -39,7 +39,7 @@ from pathlib import Path
 
 from pflower.config import Config, ConfigError
 from pflower.flower import FlowerDrift
-from pflower.flower.cli import with_own_bin
+from pflower.flower.cli import superlink_failure, with_own_bin
 
 #: the ServerApp component of pflower's own app (pyproject's [tool.flwr.app.components])
 PFLOWER_SERVERAPP = "pflower.server_app:app"
@@ -187,6 +187,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     proc = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
     )
+    superlink_said = None  # what a local SuperLink that did not start said (its own log)
     try:
         for line in proc.stdout:
             sys.stdout.write(line)
@@ -194,6 +195,7 @@ def run(argv: Sequence[str] | None = None) -> int:
             found = RUN_STARTED.search(line)
             if found and run_id is None:
                 run_id = int(found.group(1))
+            superlink_said = superlink_failure(line) or superlink_said
         code = proc.wait()
     except KeyboardInterrupt:
         proc.wait()
@@ -201,6 +203,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"\npflower run: stopped following the log; {where}".rstrip("; "), file=sys.stderr)
         return 130
     if code != 0:
+        if superlink_said:
+            print(f"pflower run: {superlink_said}", file=sys.stderr, flush=True)
         return code  # Flower refused the run and said why
     if run_id is None:  # Flower's wording changed: the run is the newest the SuperLink has
         try:

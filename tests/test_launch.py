@@ -110,3 +110,38 @@ def test_pflower_run_exits_with_how_the_run_ended(tmp_path):
     done = _pflower_run("-c", tiny, "--federation-config", "num-supernodes=3")
     assert done.returncode == launch.COMPLETED, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"results: {tmp_path}" in done.stdout  # an absolute outputs-dir, as given
+
+
+def test_a_local_superlink_that_does_not_start_is_explained(tmp_path, monkeypatch, capsys):
+    """Issue 48, item 5: Flower's ``flwr run`` says only that its local SuperLink "exited with
+    code 1"; the cause is in the SuperLink's log (an alembic "Can't locate revision" where a
+    newer Flower wrote ``~/.flwr``). ``pflower run`` shows that line and how to run on a Flower
+    home of its own. A fake ``flwr`` prints Flower 1.42's words and exits 1."""
+    home = tmp_path / "flwr-home"
+    log = home / "local-superlink" / "superlink.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(
+        "INFO :      Starting Flower SuperLink\n"
+        "ERROR:      alembic.util.exc.CommandError: Can't locate revision identified by "
+        "'7d1f3a2b9c4e'\n"
+    )
+    flwr = tmp_path / "flwr"
+    flwr.write_text(
+        "#!/bin/bash\necho 'Starting local SuperLink on 127.0.0.1:39093...'\n"
+        'echo "Error: Failed to start local SuperLink: \\`flower-superlink\\` exited with code '
+        f'1. See logs at {log}."\nexit 1\n'
+    )
+    flwr.chmod(0o755)
+    monkeypatch.setattr(launch, "_flwr", lambda: str(flwr))
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    code = launch.run([str(Path(__file__).parents[1])])
+    err = capsys.readouterr().err
+    assert code == 1
+    said = "the local SuperLink said: ERROR:      alembic.util.exc.CommandError: Can't locate "
+    assert said in err
+    assert f"Its database in {home} was written by another Flower version" in err
+    assert f"FLWR_HOME={home}-" in err
+    # another failure of flwr run: its own words stand, nothing is added
+    flwr.write_text("#!/bin/bash\necho 'Error: the app has no pyproject.toml'\nexit 1\n")
+    assert launch.run([str(Path(__file__).parents[1])]) == 1
+    assert "the local SuperLink said" not in capsys.readouterr().err

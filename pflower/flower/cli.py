@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -49,3 +50,47 @@ def with_own_bin(environ) -> dict[str, str]:
     here = str(Path(sys.executable).parent)
     rest = [p for p in environ.get("PATH", "").split(os.pathsep) if p and p != here]
     return {**environ, "PATH": os.pathsep.join([here, *rest])}
+
+
+#: what ``flwr run`` says when the local SuperLink it starts exits or does not come up
+#: (Flower 1.41/1.42, ``flwr/cli/local_superlink.py``), and where it says the log is
+SUPERLINK_FAILED = re.compile(r"Failed to start local SuperLink.*?See logs at (\S+?)\.?\s*$")
+#: what the SuperLink's database migration (alembic) says about a database a newer Flower
+#: wrote: its schema revision is one this Flower does not know
+UNKNOWN_REVISION = "Can't locate revision"
+
+
+def superlink_failure(line: str) -> str | None:
+    """For ``flwr run``'s output line saying its local SuperLink failed to start, what the
+    SuperLink itself said (the last error line of the log Flower names) and, for a state
+    written by another Flower version, how to run on one of its own; None for other lines.
+    Flower's own line says only "exited with code 1" (issue 48). A line whose wording has
+    changed is not recognised: Flower's message then stands alone."""
+    found = SUPERLINK_FAILED.search(line)
+    if not found:
+        return None
+    log_file = Path(found.group(1))
+    try:
+        lines = log_file.read_text(errors="replace").splitlines()
+    except OSError as err:
+        return f"its log ({log_file}) cannot be read: {err}"
+    errors = [x.strip() for x in lines if "error" in x.lower() or UNKNOWN_REVISION in x]
+    said = errors[-1] if errors else (lines[-1].strip() if lines else "(the log is empty)")
+    out = f"the local SuperLink said: {said}"
+    if any(UNKNOWN_REVISION in x for x in lines):
+        home = os.environ.get("FLWR_HOME") or str(Path.home() / ".flwr")
+        out += (
+            f"\nIts database in {home} was written by another Flower version than this one "
+            f"(flwr {_version()}). Run with a Flower home of its own, e.g. "
+            f"FLWR_HOME={home}-{_version()} pflower run ..., or remove that database."
+        )
+    return out
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("flwr")
+    except Exception:  # noqa: BLE001 - a version only makes the hint more precise
+        return "this"
