@@ -45,9 +45,22 @@ def test_check_config_names_a_key_the_apps_pyproject_leaves_out(tmp_path):
 
 
 def test_the_pflower_script_lists_its_commands():
-    done = subprocess.run([PFLOWER], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2
-    assert all(f"pflower {c}" in done.stdout for c in ("run", "check-config", "experiment"))
+    """``pflower --help`` answers (exit 0): the commands, the algorithms, where the keys are
+    documented (issue 49, item 3); no command or an unknown one is a usage error (exit 2)."""
+    from pflower.config import ALGORITHMS
+
+    helped = subprocess.run([PFLOWER, "--help"], capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0, helped.stderr
+    assert all(f"pflower {c}" in helped.stdout for c in ("run", "check-config", "experiment"))
+    assert ", ".join(ALGORITHMS) in helped.stdout
+    assert "docs/reference/run-config.md" in helped.stdout
+    for argv in ([], ["runn"]):
+        wrong = subprocess.run([PFLOWER, *argv], capture_output=True, text=True, timeout=60)
+        assert wrong.returncode == 2 and "pflower run" in wrong.stderr
+    assert "unknown command 'runn'" in wrong.stderr
+    experiment = subprocess.run([PFLOWER, "experiment", "--help"], capture_output=True,
+                                text=True, timeout=60)  # fmt: skip
+    assert experiment.returncode == 0 and experiment.stdout.startswith("usage: pflower experiment")
 
 
 def _pflower_run(*args: str) -> subprocess.CompletedProcess:

@@ -27,7 +27,7 @@ def _value(text: str) -> Any:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m pflower.experiment",
+        prog="pflower experiment",
         description="Run an experiment file (a grid of runs) and summarize it.",
     )
     p.add_argument("file", type=Path, help="the experiment's TOML file")
@@ -102,6 +102,22 @@ COMMANDS = {
 }
 
 
+def _usage() -> str:
+    """``pflower --help``: the commands, the algorithms, where the keys are documented."""
+    from pflower.config import ALGORITHMS
+
+    commands = "\n".join(f"  pflower {name:<13} {what}" for name, (*_, what) in COMMANDS.items())
+    return (
+        "usage: pflower COMMAND [options]   (pflower COMMAND --help: its options)\n\n"
+        f"commands:\n{commands}\n\n"
+        f"algorithms (run-config key algorithm):\n  {', '.join(ALGORITHMS)}\n\n"
+        "every run-config key, its default and what it allows: docs/reference/run-config.md,\n"
+        "or pyproject.toml's [tool.flwr.app.config]; an unknown key or value is named by\n"
+        '  pflower check-config --run-config "key=value ..."\n'
+        "the deployment kit (TLS SuperLink, SuperNodes, gateway): python -m pflower.deploy --help"
+    )
+
+
 def cli() -> None:
     """The ``pflower`` console script: ``pflower run [APP] [SUPERLINK] [flwr run options]``,
     ``pflower check-config [APP] --run-config "..."``, ``pflower experiment FILE [options]``."""
@@ -109,8 +125,10 @@ def cli() -> None:
 
     argv = sys.argv[1:]
     if not argv or argv[0] not in COMMANDS:
-        usage = "\n".join(f"  pflower {name:<13} {what}" for name, (*_, what) in COMMANDS.items())
-        print(f"usage: pflower COMMAND [options] (pflower COMMAND --help)\n{usage}")
-        raise SystemExit(2)
+        asked = bool(argv) and argv[0] in ("-h", "--help", "help")
+        print(_usage(), file=sys.stdout if asked else sys.stderr)
+        if argv and not asked:
+            print(f"pflower: unknown command {argv[0]!r}", file=sys.stderr)
+        raise SystemExit(0 if asked else 2)
     module, function, _ = COMMANDS[argv[0]]
     raise SystemExit(getattr(importlib.import_module(module), function)(argv[1:]))
