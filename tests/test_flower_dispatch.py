@@ -55,6 +55,11 @@ def state_of(state: StandInState) -> dict[str, bool]:
     }
 
 
+@pytest.mark.skipif(
+    "run_id" not in __import__("inspect").signature(FLOWER_GET_MESSAGE_INS).parameters,
+    reason="compares the index with Flower 1.41's get_message_ins(run_id=...), which this "
+    "Flower does not have (its fallback: test_flower_boundary)",
+)
 @pytest.mark.parametrize("seed", range(5))
 def test_every_look_returns_what_flowers_returns(seed):
     rng = random.Random(seed)

@@ -42,6 +42,11 @@ class _NoReplyYet:
         return []
 
 
+@pytest.mark.skipif(
+    not hasattr(loop, "_push_messages")
+    or "get_messages_legacy" not in __import__("inspect").getsource(loop._push_messages),
+    reason="drives Flower 1.41's SuperNode loop with a stand-in of its 1.41 state",
+)  # fmt: skip
 def test_flower_s_supernode_loop_sleeps_at_most_the_poll_interval(flower):
     slept = []
     flower.setattr(flower_waits.time, "sleep", slept.append)
