@@ -187,6 +187,8 @@ def _fake_flower(tmp_path, monkeypatch, supernode: str) -> None:
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
     monkeypatch.setattr(flower_cli, "executable", lambda name: str(bin_dir / name))
+    # the fake's executables are no installed Flower's: whichever flwr is installed passes
+    monkeypatch.setattr(flower_cli, "require_checked_flower", lambda version=None: None)
     monkeypatch.setattr(federation, "SETTLE_S", 0.5)
     monkeypatch.setattr(federation, "READY_S", 1.0)
     monkeypatch.setattr(federation, "RETRY_S", 0.1)
@@ -349,6 +351,40 @@ def test_supernodes_on_one_machine_share_its_cores(tmp_path, monkeypatch):
     assert "OPENBLAS_NUM_THREADS" not in deploy.Federation(tmp_path, supernodes=2).env
 
 
+def _kit_refuses_this_flower() -> bool:
+    from pflower.deploy import flower_cli
+
+    try:
+        flower_cli.require_checked_flower()
+    except RuntimeError:
+        return True
+    return False
+
+
+def test_a_flower_older_than_the_kit_was_checked_on_is_refused_at_the_start(
+    tmp_path, monkeypatch, capsys
+):
+    """With flwr 1.35 the SuperLink starts, but its CLI cannot reach it through the kit's
+    connection, and ``up`` failed after a minute with "did not come up" (``.ci/compat``): an
+    older Flower is refused before anything starts, naming both versions."""
+    import importlib.metadata
+
+    from pflower.deploy import flower_cli
+
+    for ok in ("1.41.0", "1.42.0", "1.42.1rc1", "2.0.0"):
+        flower_cli.require_checked_flower(ok)
+    with pytest.raises(RuntimeError, match=r"needs flwr >= 1\.41 .* has flwr 1\.35\.0"):
+        flower_cli.require_checked_flower("1.35.0")
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.40.2")
+    with pytest.raises(SystemExit) as exited:
+        deploy.main(["up", "--dir", str(tmp_path / "fed"), "--supernodes", "1"])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert "up failed: the deployment kit needs flwr >= 1.41" in err and "flwr 1.40.2" in err
+    assert not (tmp_path / "fed" / "superlink.db").exists()
+
+
+@pytest.mark.skipif(_kit_refuses_this_flower(), reason="the kit refuses this Flower (test above)")
 def test_a_superlink_in_memory_comes_up_registers_keys_and_leaves_no_database(tmp_path):
     """``superlink_state="memory"``: Flower's SuperLink with ``:flwr-in-memory:`` answers the
     CLI, takes a SuperNode's key (listed as registered; a second registration is refused as

@@ -200,7 +200,9 @@ class Federation:
 
     def prepare(self) -> None:
         """Credentials (one key more than SuperNodes: an unregistered device) and the
-        connection for the ``flwr`` CLI (the SuperLink's loopback address)."""
+        connection for the ``flwr`` CLI (the SuperLink's loopback address); a Flower older
+        than the kit was checked on is refused first (``require_checked_flower``)."""
+        flower_cli.require_checked_flower()
         if not (self.creds / "ca.crt").exists():
             hosts = ("localhost", "127.0.0.1", "::1")
             credentials(

@@ -18,6 +18,30 @@ from pathlib import Path
 FLWR_IN_MEMORY_DB_NAME = ":flwr-in-memory:"
 
 
+#: the oldest Flower the deployment kit was checked on: with flwr 1.35 the SuperLink starts, but
+#: that release's ``flwr`` CLI cannot reach it through the connection the kit writes (the
+#: SuperLink logs "Invalid HTTP request"; ``.ci/compat``, 2026-11-28)
+OLDEST_FLOWER = (1, 41)
+
+
+def require_checked_flower(version: str | None = None) -> None:
+    """Refuse, at the start, a Flower older than the kit was checked on (``OLDEST_FLOWER``),
+    naming both versions: otherwise ``up`` fails minutes later, after the SuperLink started,
+    with "the SuperLink did not come up" and no cause."""
+    if version is None:
+        from importlib.metadata import version as installed
+
+        version = installed("flwr")
+    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+    if parts < OLDEST_FLOWER:
+        oldest = ".".join(map(str, OLDEST_FLOWER))
+        raise RuntimeError(
+            f"the deployment kit needs flwr >= {oldest} (checked on 1.41 and 1.42); this "
+            f"environment has flwr {version}, whose flwr CLI cannot reach the SuperLink through "
+            f"the connection the kit writes: pip install 'flwr>={oldest}'"
+        )
+
+
 def executable(name: str) -> str:
     """A Flower executable: next to this Python first (the virtual environment's bin/)."""
     here = Path(sys.executable).parent / name
