@@ -373,15 +373,15 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             # under DP its clip is the defence: the default defence's rule is not taken
             rules = RUN_DEFAULTS.resolved(self.defaults) if privacy.on else app
             robust = robust_aggregator(rules.model_copy(update={"seed": seed}))
-        robust = robust or None
-        self.robust, self.byzantine = robust, byzantine
+        self.robust = None if robust is False else robust
+        self.byzantine = byzantine
         self.privacy = Mechanism(privacy) if privacy.on else None
         #: dp-sampling = "poisson": each eligible node trains on its own coin (NodeSampling)
         self.poisson_train = self.central_dp and privacy.sampling == POISSON
         if clipping is None:  # the app's: adaptive clipping unless a rule or DP replaces it
-            clipping = adaptive_clipping(app) if robust is None and not privacy.on else False
+            clipping = adaptive_clipping(app) if self.robust is None and not privacy.on else False
         self.clipping = clipping or None
-        if self.central_dp and (robust is not None or self.clipping is not None):
+        if self.central_dp and (self.robust is not None or self.clipping is not None):
             raise ValueError(
                 "privacy mode 'central' with a robust rule or the default defence's clipping: "
                 "the noise is calibrated to the mean's sensitivity, and their statistics across "
