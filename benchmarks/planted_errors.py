@@ -94,6 +94,45 @@ PLANTS = [
         [f"{T}test_attacks.py"],
     ),
     Plant(
+        "default defence: FFGG's median runs in rounds of 2 bucket means (their mean)",
+        S + "server.py",
+        [
+            (
+                "self.robust.inputs(len(vectors)) < MIN_SPREAD_REPLIES",
+                "self.robust.inputs(len(vectors)) < 2",
+            )
+        ],
+        [DEFENCE],
+    ),
+    Plant(
+        "default defence: bucketing counts its inputs, not its buckets",
+        S + "aggregators.py",
+        [("return self.base.inputs(math.ceil(n / self.s))", "return n")],
+        [DEFENCE],
+    ),
+    Plant(
+        "default defence: FFGG's small rounds left to the rule (robust-small-rounds ignored)",
+        S + "ffgg.py",
+        [
+            (
+                'FFGG_DEFENCE = {**BR_FFGG_DEFAULTS, "robust_small_rounds": "clip"}',
+                "FFGG_DEFENCE = dict(BR_FFGG_DEFAULTS)",
+            )
+        ],
+        [DEFENCE],
+    ),
+    Plant(
+        "robust rules: L2GD's mean of the x_m around the rule",
+        S + "l2gd.py",
+        [
+            (
+                "if self.central_dp or self.clipping is not None or self.robust is not None:",
+                "if self.central_dp or self.clipping is not None:",
+            )
+        ],
+        [DEFENCE],
+    ),
+    Plant(
         "default defence: a large claim's reply clipped to tau, not tau x w_m / w_i",
         S + "combine.py",
         [

@@ -62,6 +62,8 @@ Console = Literal["compact", "flower"]
 Tracking = Literal["none", "tensorboard"]
 #: how a server mean weights the sampled clients: by training-set size or all alike
 Weighting = Literal["uniform", "num-examples"]
+#: what a robust rule does in a round too small for it to outvote anyone (``robust-small-rounds``)
+SmallRounds = Literal["auto", "clip", "rule"]
 RobustAggregator = Literal[
     "auto",
     "none",
@@ -104,6 +106,7 @@ AUTO: dict[str, tuple[Any, Any]] = {
     "robust_aggregator": ("auto", "adaptive-clipping"),
     "robust_bucket_size": (0, 0),
     "robust_clip_factor": (0.0, 1.0),
+    "robust_small_rounds": ("auto", "rule"),
 }
 
 
@@ -583,6 +586,18 @@ class RunSettings(Settings):
             "none"
         ),
     )
+    robust_small_rounds: SmallRounds = Field(
+        "auto",
+        alias="robust-small-rounds",
+        description=(
+            "a robust rule in the rounds where it combines fewer than 3 values (bucket means "
+            "with bucketing), whose median is their mean: one reply moves it by its whole share. "
+            "`clip`: there adaptive clipping's bound replaces the rule (see `adaptive-clipping`; "
+            "with 1 or 2 replies each is clipped to `update-norm-growth` × what the last round "
+            "of 3 or more applied); `rule`: the rule as configured (exact to its paper); `auto`: "
+            "`clip` for `ffgg`'s default defence, `rule` otherwise; `clip` needs a rule and no DP"
+        ),
+    )
     robust_trim_beta: float = Field(
         0.1,
         alias="robust-trim-beta",
@@ -905,6 +920,20 @@ class RunSettings(Settings):
             raise ConfigError(
                 f"key 'robust-clip-factor' = {self.robust_clip_factor}: a multiple of the lower "
                 "median distance, must be 0 (the algorithm's default) or >= 1"
+            )
+        if self.robust_small_rounds == "clip" and self.robust_aggregator in (
+            "none",
+            "adaptive-clipping",
+        ):
+            raise ConfigError(
+                "key 'robust-small-rounds' = 'clip': clips the rounds a robust rule is too small "
+                f"for, and 'robust-aggregator' = {self.robust_aggregator!r} names no rule"
+            )
+        if self.robust_small_rounds == "clip" and self.dp != "none":
+            raise ConfigError(
+                f"key 'robust-small-rounds' = 'clip': with 'dp' = {self.dp!r} the DP clip bounds "
+                "every round, and adaptive clipping would decide one reply by the others; "
+                "leave it at 'auto'"
             )
         if 0 < self.max_update_norm < 1:
             raise ConfigError(

@@ -8,6 +8,7 @@ reference side), and attacked: an adaptive Byzantine reply in any direction at a
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -201,7 +202,9 @@ def test_the_clip_factor_is_the_algorithms_default_unless_set():
         cfg = Config.from_run_config({"algorithm": algorithm})
         assert cfg.robust_clip_factor == factor
         assert adaptive_clipping(cfg).factor == factor
-    assert adaptive_clipping(Config.from_run_config({"algorithm": "ffgg"})) is None  # its rule
+    # FFGG: its rule, and the clip in the rounds too small for it (robust-small-rounds)
+    assert adaptive_clipping(Config.from_run_config({"algorithm": "ffgg"})).factor == 1.0
+    assert adaptive_clipping(Config.from_run_config({"algorithm": "br-ffgg"})) is None
     cfg = Config.from_run_config({"algorithm": "pflego", "robust-clip-factor": 3.0})
     assert adaptive_clipping(cfg).factor == 3.0
     with pytest.raises(Exception, match="'robust-clip-factor' = 0.5"):
@@ -238,10 +241,89 @@ def test_ffgg_defends_with_the_bucketed_median_at_defaults_and_clips_under_dp(tm
     assert private.robust is None and private.clipping is None
     app = attacking_app({**FAST, "algorithm": "ffgg"}, attack=flip_to(None))
     rep = run_on(LocalGrid(app, 10, seed=0), cfg, tmp_path)
-    assert not any(e.train.get("clipped", 0) for e in rep.rounds if e.train)  # no clipping
+    # the clip only where the median had at most 2 bucket means (4 replies: the attacker dropped)
+    clipping = [e.train for e in rep.rounds if e.train and e.train.get("clipped")]
+    assert all(t["applied"] <= 4 for t in clipping)
     clean = run_on(LocalGrid(attacking_app({**FAST, "algorithm": "ffgg"}), 10, seed=0), cfg,
                    tmp_path / "c")  # fmt: skip
     assert rep.final["personal-accuracy"] >= clean.final["personal-accuracy"] - 0.05
+
+
+def _updates(rows):
+    from pflower.wire import ClientUpdate
+
+    return [
+        ClientUpdate(i, {"w": np.asarray(r, np.float32)}, {"num-examples": 10.0})
+        for i, r in enumerate(rows)
+    ]
+
+
+def test_ffgg_clips_the_rounds_its_bucketed_median_is_too_small_for():
+    """FFGG's default defence in rounds of 1 to 4 replies: buckets of 2 leave at most 2 bucket
+    means, whose median is their mean, so a Byzantine gradient moved theta by its share at any
+    size the update-norm bound accepts. There adaptive clipping's bound applies (the spread of
+    3-4 replies; with 1-2 each clipped to 2 x rho, rho = ||v|| + tau of the last round of >= 3);
+    at 5 replies (3 buckets) the bucketed median. References: the median by hand (every way to
+    draw the buckets) and the clip's statement in NumPy (``reference_clip``)."""
+    from pflower.strategies.ffgg import FFGG
+
+    ffgg = FFGG()
+    assert ffgg.robust.name == "bucketing(median, s=2)" and ffgg.clipping is not None
+    assert FFGG(robust=make_aggregator("median", bucket_size=2)).clipping is None  # a rule given
+    honest = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.9, 0.8], [0.8, 0.9]])
+    # five replies: three bucket means, their coordinate median (the rule, unclipped)
+    ffgg._train_round = ffgg.pretrain_rounds + 1
+    five = ffgg.combine([u.tensors for u in _updates(honest)], [1.0] * 5)
+    assert ffgg._clipped.get("gradient", 0) == 0
+    medians = [  # the coordinate median of the bucket means, for every way to draw the buckets
+        np.median([honest[list(p[:2])].mean(0), honest[list(p[2:4])].mean(0), honest[p[4]]], 0)
+        for p in itertools.permutations(range(5))
+    ]
+    assert any(np.allclose(five["w"], m, rtol=1e-6) for m in medians)
+    _, v, tau, _ = reference_clip(honest)
+    assert ffgg.clipping.rho["gradient"] == pytest.approx(np.linalg.norm(v) + tau, rel=1e-6)
+    # four, then three replies, one Byzantine at 1e4 x an honest norm: the clipped mean
+    for rows in (honest[:3], honest[:2]):
+        attacked = np.vstack([rows, [[-1e4, -1e4]]])
+        got = ffgg.combine([u.tensors for u in _updates(attacked)], [1.0] * len(attacked))["w"]
+        clipped_rows, _, _, n_clipped = reference_clip(attacked)
+        np.testing.assert_allclose(got, clipped_rows.mean(0), rtol=1e-5, atol=1e-6)
+        assert n_clipped >= 1 and ffgg._clipped["gradient"] == n_clipped
+        assert np.linalg.norm(got) < 2.0  # the plain mean's: 3500 or more
+    # two replies: no majority, each clipped to 2 rho, rho from the last round of >= 3
+    _, v, tau, _ = reference_clip(attacked)
+    rho = np.linalg.norm(v) + tau
+    assert rho < 3.0  # the Byzantine reply of that round did not set it
+    pair = np.array([[1.0, 0.0], [-1e4, -1e4]])
+    got = ffgg.combine([u.tensors for u in _updates(pair)], [1.0] * 2)["w"]
+    want = np.mean([r * min(1.0, 2 * rho / np.linalg.norm(r)) for r in pair], 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    # a rule the run names keeps its own small rounds unless robust-small-rounds says clip
+    from pflower.strategies.combine import adaptive_clipping
+
+    cfg = Config.from_run_config({"algorithm": "ffgg"})
+    assert cfg.robust_small_rounds == "clip" and adaptive_clipping(cfg) is not None
+    named = Config.from_run_config({"algorithm": "ffgg", "robust-aggregator": "median"})
+    assert named.robust_small_rounds == "rule" and adaptive_clipping(named) is None
+    assert Config.from_run_config({"algorithm": "br-ffgg"}).robust_small_rounds == "rule"
+    both = {"algorithm": "fedavg", "robust-aggregator": "median", "robust-small-rounds": "clip"}
+    assert adaptive_clipping(Config.from_run_config(both)) is not None
+    with pytest.raises(Exception, match="'robust-small-rounds' = 'clip'.*'none'"):
+        Config.from_run_config({**both, "robust-aggregator": "none"})
+    with pytest.raises(Exception, match="'robust-small-rounds' = 'clip'.*'dp' = 'local'"):
+        Config.from_run_config({**both, "dp": "local", "dp-noise": 1.0})
+
+
+def test_l2gd_applies_the_rule_it_is_given():
+    """L2GD's mean of the x_m replies went around a robust rule (a weighted mean of the raw
+    replies whenever no DP or clipping was on): with the median, the Byzantine x_m is outvoted."""
+    from pflower.strategies.l2gd import L2GD
+
+    current = {"w": np.zeros(2, np.float32)}
+    replies = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1e4, -1e4], [0.5, 0.5]]
+    rule = L2GD(robust=make_aggregator("median"))
+    got = rule.aggregate(7, current, _updates(replies))["w"]
+    np.testing.assert_allclose(got, np.median(np.array(replies), 0), rtol=1e-6)
 
 
 # --- tolerated means tolerated --------------------------------------------------------------

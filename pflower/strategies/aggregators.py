@@ -129,6 +129,11 @@ class Aggregator(ABC):
     def aggregate(self, X: torch.Tensor, f: int) -> torch.Tensor:
         """The rule itself, on a checked stack."""
 
+    def inputs(self, n: int) -> int:
+        """How many values the rule itself combines per coordinate from ``n`` inputs (the
+        bucket means with bucketing): below 3 a median or trimmed mean is their mean."""
+        return n
+
     def problem(self, n: int, f: int) -> str:
         """Why this rule cannot combine ``n`` inputs of which ``f`` Byzantine ('' if it
         can): the server refuses such a run at start and skips such a round."""
@@ -328,6 +333,9 @@ class Bucketing(Aggregator):
     @property
     def coordinatewise(self) -> bool:
         return self.base.coordinatewise
+
+    def inputs(self, n: int) -> int:
+        return self.base.inputs(math.ceil(n / self.s))
 
     def problem(self, n: int, f: int) -> str:
         buckets = math.ceil(n / self.s)

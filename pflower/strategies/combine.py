@@ -38,9 +38,11 @@ def robust_aggregator(cfg: RunSettings) -> Aggregator | None:
 def adaptive_clipping(cfg: RunSettings) -> AdaptiveClipping | None:
     """The default defence (``AdaptiveClipping``) where the run config asks for it: the
     rule resolved to ``adaptive-clipping`` (``auto`` for every algorithm without a rule of
-    its own) and no differential privacy, whose clipping replaces every statistic across
-    clients; else None."""
-    if cfg.robust_aggregator not in ("auto", AdaptiveClipping.name) or cfg.dp != "none":
+    its own), or a rule's rounds too small for it (``robust-small-rounds = "clip"``, FFGG's
+    default defence), and no differential privacy, whose clipping replaces every statistic
+    across clients; else None."""
+    wanted = cfg.robust_aggregator in ("auto", AdaptiveClipping.name)
+    if not (wanted or cfg.robust_small_rounds == "clip") or cfg.dp != "none":
         return None
     return AdaptiveClipping(
         cfg.robust_clip_factor, cfg.robust_clip_iterations, cfg.update_norm_growth

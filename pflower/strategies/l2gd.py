@@ -191,8 +191,9 @@ class L2GD(PersonalizedStrategy):
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
         ones = [1.0] * len(updates)
-        # the mean of w_i as current minus the (private, or clipped) mean of the updates
-        if self.central_dp or self.clipping is not None:
+        # the mean of w_i as current minus the (private, clipped, or robust) mean of the
+        # updates: a robust rule sees updates, not raw weights
+        if self.central_dp or self.clipping is not None or self.robust is not None:
             step = self.combine([u.tensors for u in updates], ones, current)
             return {k: current[k].astype(np.float64) - step[k] for k in current}
         return weighted_mean([u.tensors for u in updates], ones)

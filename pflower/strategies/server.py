@@ -60,6 +60,7 @@ from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.checks import CLAIMS_CAPPED, ReplyChecks
 from pflower.strategies.combine import (
     AdaptiveClipping,
+    MIN_SPREAD_REPLIES,
     adaptive_clipping,
     linear_update,
     robust_aggregator,
@@ -369,6 +370,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         if byzantine < 0:
             raise ValueError(f"byzantine = {byzantine}: must be >= 0")
         privacy = privacy or DPSettings.of(app)
+        given_robust = robust
         if robust is None:  # the algorithm's rule (BR-FFGG's, FFGG's), drawing from this seed
             # under DP its clip is the defence: the default defence's rule is not taken
             rules = RUN_DEFAULTS.resolved(self.defaults) if privacy.on else app
@@ -378,8 +380,11 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         self.privacy = Mechanism(privacy) if privacy.on else None
         #: dp-sampling = "poisson": each eligible node trains on its own coin (NodeSampling)
         self.poisson_train = self.central_dp and privacy.sampling == POISSON
-        if clipping is None:  # the app's: adaptive clipping unless a rule or DP replaces it
-            clipping = adaptive_clipping(app) if self.robust is None and not privacy.on else False
+        if clipping is None:  # the app's: adaptive clipping unless a rule or DP replaces it;
+            # beside the app's own rule, in the rounds too small for it (robust-small-rounds)
+            ours = self.robust is None or (given_robust is None and app.robust_small_rounds == "clip")
+            clipping = adaptive_clipping(app) if ours and not privacy.on else False
+        #: with ``robust`` too: the bound of the rounds whose rule combines < 3 values
         self.clipping = clipping or None
         if self.central_dp and (self.robust is not None or self.clipping is not None):
             raise ValueError(
@@ -683,13 +688,19 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         if self.central_dp:  # the clipped, noised mean over the sampled clients
             rng = noise_rng(self.privacy.dp.seed, self._train_round)
             return self.privacy.mean(vectors, len(self._asked), rng, center)
-        if self.robust is None:
-            if self.clipping is not None:  # the default defence: the mean of clipped updates
-                kind = kind or (PRETRAIN if self.pretraining(self._train_round) else self.reply_key)
-                beta, clipped = self.clipping.coefficients(kind, vectors, weights, center)
+        if self.clipping is not None:  # the default defence: the mean of clipped updates
+            kind = kind or (PRETRAIN if self.pretraining(self._train_round) else self.reply_key)
+            # beside a rule (robust-small-rounds = "clip") every round keeps the clip's state
+            # (rho: what a round of >= 3 replies applied), and the clip replaces the rule where
+            # it combines fewer than 3 values (bucket means): there a median is a mean that one
+            # reply moves by its whole share, at any size the update-norm bound lets through
+            beta, clipped = self.clipping.coefficients(kind, vectors, weights, center)
+            if self.robust is None or self.robust.inputs(len(vectors)) < MIN_SPREAD_REPLIES:
                 self._clipped[kind] = clipped
                 if beta is not None:
                     return linear_update(vectors, beta, center)
+                return self.combine_mean(vectors, weights, center)
+        if self.robust is None:
             return self.combine_mean(vectors, weights, center)
         # f counts the round's faulty nodes: every sampled node without a kept reply (dropped
         # for its reply, an error, or silent) is one of them, so the kept replies hold at
