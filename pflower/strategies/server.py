@@ -59,8 +59,8 @@ from pflower.settings import RunSettings
 from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.checks import CLAIMS_CAPPED, ReplyChecks
 from pflower.strategies.combine import (
-    AdaptiveClipping,
     MIN_SPREAD_REPLIES,
+    AdaptiveClipping,
     adaptive_clipping,
     linear_update,
     robust_aggregator,
@@ -382,7 +382,8 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         self.poisson_train = self.central_dp and privacy.sampling == POISSON
         if clipping is None:  # the app's: adaptive clipping unless a rule or DP replaces it;
             # beside the app's own rule, in the rounds too small for it (robust-small-rounds)
-            ours = self.robust is None or (given_robust is None and app.robust_small_rounds == "clip")
+            small = given_robust is None and app.robust_small_rounds == "clip"
+            ours = self.robust is None or small
             clipping = adaptive_clipping(app) if ours and not privacy.on else False
         #: with ``robust`` too: the bound of the rounds whose rule combines < 3 values
         self.clipping = clipping or None
