@@ -365,36 +365,64 @@ def test_a_dead_task_is_answered_with_an_error_reply_to_its_message(noted):
 
 
 def test_a_task_child_notes_its_message_and_its_reply_push(tmp_path, monkeypatch):
-    """What a task's child notes for the zygote (``_record_progress``, around Flower's
-    ``pull_task_input`` and ``push_message``): its run, task and message (no content) once
-    pulled, then the start and the end of its reply's push."""
-    from flwr.app import Context, RecordDict
-    from flwr.supercore.task_identity import TaskIdentity
+    """What a task's child notes for the zygote (``_record_progress``, around the Runtime API
+    client Flower's ``run_clientapp`` builds and its ``push_message``): its run and task once
+    pulled, its message as soon as it is taken (before its arrays), then the start and the
+    end of its reply's push."""
+    from flwr.common.serde import message_to_proto
+    from flwr.proto import runtime_pb2
     from flwr.supernode.runtime import run_clientapp as flower
 
     from pflower.deploy.warm_exec import _read_progress, _record_progress
 
-    message, progress, pushed = _message(), tmp_path / "1.progress", []
-    context = Context(run_id=5, node_id=42, node_config={}, state=RecordDict(), run_config={})
+    message, progress, seen = _message(), tmp_path / "1.progress", []
 
-    def pull(client):
-        TaskIdentity.task_id = 9
-        return message, context, "run", "fab"
+    class Runtime:  # the calls run_clientapp makes, answered as a SuperNode would
+        def PullTaskInput(self, request):
+            response = runtime_pb2.PullTaskInputResponse(task_id=9)
+            response.run.run_id, response.context.node_id = 5, 42
+            return response
 
-    def push(client, reply, ctx):
-        pushed.append(_read_progress(progress))  # as noted while the push runs
-        progress.write_bytes(__import__("pickle").dumps(pushed[-1]))
+        def PullMessages(self, request):
+            response = runtime_pb2.PullAppMessagesResponse(
+                messages_list=[message_to_proto(message)]
+            )
+            response.message_object_trees.add().object_id = "a" * 64
+            return response
 
-    monkeypatch.setattr(flower, "pull_task_input", pull)
-    monkeypatch.setattr(flower, "push_message", push)
-    monkeypatch.setattr(TaskIdentity, "_task_id", None)
+        def PushMessages(self, request):
+            seen.append(_read_progress(progress))  # as noted when the push starts
+            _note_again(progress, seen[-1])
+            return runtime_pb2.PushAppMessagesResponse()
+
+    def push_message(client, reply, context):
+        client.PushMessages(None)
+
+    monkeypatch.setattr(flower, "RuntimeHttpClient", Runtime)
+    monkeypatch.setattr(flower, "push_message", push_message)
     _record_progress(progress)
-    assert flower.pull_task_input(None) == (message, context, "run", "fab")
-    flower.push_message(None, message, context)
+    client = flower.RuntimeHttpClient()
+    client.PullTaskInput(None)
+    assert set(_peek(progress)) == {"run", "task", "node"}  # not yet its message
+    client.PullMessages(None)
+    assert _peek(progress)["message"].metadata.message_id == "a" * 64
+    flower.push_message(client, None, None)
     record = _read_progress(progress)
-    assert pushed[0]["pushing"] and "pushed" not in pushed[0]
+    assert seen[0]["pushing"] and "pushed" not in seen[0]
     assert {k: record[k] for k in ("run", "task", "node", "pushing", "pushed")} == {
         "run": 5, "task": 9, "node": 42, "pushing": True, "pushed": True,
     }  # fmt: skip
-    assert record["message"].metadata.message_id == "a" * 64
+    assert record["message"].metadata.reply_to_message_id == ""
     assert not progress.exists()  # read once, removed
+
+
+def _peek(path):
+    import pickle
+
+    return pickle.loads(path.read_bytes())
+
+
+def _note_again(path, record):
+    from pflower.deploy.warm_exec import _note
+
+    _note(path, **record)

@@ -153,38 +153,45 @@ def _read_progress(path: Path) -> dict:
 
 
 def _record_progress(progress: Path) -> None:
-    """In a task's child: note, at ``progress``, the task's run and id and its message (without
-    content) once Flower's ``run_clientapp`` has pulled them, and when its reply's push starts
-    and ends, so that the zygote can answer for a child that dies (``_answer_for``). Wraps the
-    two functions of ``flwr.supernode.runtime.run_clientapp`` that do that (this child's only,
-    checked by ``cannot_warm``)."""
-    from flwr.app.message import remove_content_from_message
-    from flwr.supercore.task_identity import TaskIdentity
+    """In a task's child: note, at ``progress``, the task's run and id once Flower's
+    ``run_clientapp`` has pulled them, its message (without content) as soon as it is taken
+    (before its arrays are pulled: the longest part of a fork's life on loopback), and when
+    its reply's push starts and ends, so that the zygote can answer for a child that dies
+    (``answer_for``). Wraps, in this child only (checked by ``cannot_warm``), the Runtime API
+    client ``run_clientapp`` builds and its ``push_message``."""
+    from flwr.common.serde import message_from_proto
     from flwr.supernode.runtime import run_clientapp as flower
 
-    pull, push = flower.pull_task_input, flower.push_message
+    push = flower.push_message
 
-    def pull_task_input(client):
-        message, context, run, fab = pull(client)
-        _note(
-            progress,
-            run=context.run_id,
-            task=TaskIdentity.task_id,
-            node=context.node_id,
-            message=remove_content_from_message(message),
-        )
-        return message, context, run, fab
+    class NotingClient(flower.RuntimeHttpClient):
+        def PullTaskInput(self, request):
+            res = super().PullTaskInput(request)
+            _note(progress, run=res.run.run_id, task=res.task_id, node=res.context.node_id)
+            return res
+
+        def PullMessages(self, request):
+            res = super().PullMessages(request)
+            if res.messages_list:
+                message = message_from_proto(res.messages_list[0])
+                # as Flower's pull_task_input: a message's id is its tree's root
+                message.metadata.__dict__["_message_id"] = res.message_object_trees[0].object_id
+                _note(progress, message=message)
+            return res
+
+        def PushMessages(self, request):
+            _note(progress, pushing=True)
+            return super().PushMessages(request)
 
     def push_message(client, message, context):
-        _note(progress, pushing=True)
         push(client, message, context)
         _note(progress, pushed=True)
 
-    flower.pull_task_input, flower.push_message = pull_task_input, push_message
+    flower.RuntimeHttpClient, flower.push_message = NotingClient, push_message
 
 
 #: what ``_record_progress`` wraps and ``answer_for`` calls in Flower's run_clientapp module
-RUN_CLIENTAPP_HOOKS = ("pull_task_input", "push_message", "push_task_output")
+RUN_CLIENTAPP_HOOKS = ("RuntimeHttpClient", "push_message", "push_task_output")
 
 
 def _run_task(spec: dict, hand_back: Path | None = None, progress: Path | None = None) -> int:
