@@ -97,9 +97,10 @@ def run(grid: Grid, cfg: Config, out: Path | None = None) -> report.RunReport:
     initial = [n for n, _ in model.named_parameters()] if cfg.pretrain_rounds else split.shared
     tensors = get_tensors(model, initial)
     resume = None  # a checkpoint this run continues (pflower.checkpoint)
-    if cfg.resume_from:
-        tensors, resume = resume_point(cfg, strategy, model, split, tensors)
     fab_hash = fab_hash_of(grid)
+    if cfg.resume_from:
+        resume_from = str(report.resolve(cfg.resume_from, fab_hash))
+        tensors, resume = resume_point(cfg, strategy, model, split, tensors, resume_from)
     if out is None:
         out = report.output_dir(cfg, fab_hash)
     else:
@@ -148,11 +149,14 @@ def fab_hash_of(grid: Grid) -> str:
 
 
 def resume_point(
-    cfg: Config, strategy, model: torch.nn.Module, split: Split, tensors: dict
-) -> tuple[dict, checkpoint.Checkpoint | None]:
-    """What ``resume-from`` starts from: a checkpoint's round, arrays and strategy state
-    (the run continues), or a file's shared parameters (a warm start)."""
-    found = checkpoint.read(cfg.resume_from)
+    cfg: Config, strategy, model: torch.nn.Module, split: Split, tensors: dict,
+    path: str | None = None,
+) -> tuple[dict, checkpoint.Checkpoint | None]:  # fmt: skip
+    """What ``resume-from`` (found at ``path``: ``report.resolve``) starts from: a
+    checkpoint's round, arrays and strategy state (the run continues), or a file's shared
+    parameters (a warm start)."""
+    path = path or cfg.resume_from
+    found = checkpoint.read(path)
     if isinstance(found, checkpoint.Checkpoint):
         if found.continuable and continuable(strategy):
             found.check(cfg)
@@ -168,7 +172,7 @@ def resume_point(
             cfg.algorithm,
         )
         found = found.arrays
-    return resumed(cfg.resume_from, found, tensors), None
+    return resumed(path, found, tensors), None
 
 
 def resumed(path: str, saved: dict, tensors: dict) -> dict:
@@ -188,11 +192,19 @@ def after_round(strategy, wire: WireCount, tracker: report.Tracker, evaluate_fn)
     """Wrap Flower's per-round ``evaluate_fn`` hook (called after each round's training and
     evaluation): the round's bytes into its log, its console line, its tracking scalars."""
 
-    def evaluate(server_round: int, arrays: ArrayRecord):
-        result = evaluate_fn(server_round, arrays) if evaluate_fn else None
+    def stamp(server_round: int):
         entry = next((e for e in reversed(strategy.history) if e.round == server_round), None)
         if entry is not None:
             entry.wire = wire.by_round.get(server_round, {})
+        return entry
+
+    def evaluate(server_round: int, arrays: ArrayRecord):
+        # the round's bytes first: ``evaluate_fn`` writes the round's checkpoint, and a run
+        # resumed from it reports what the checkpoint holds (issue 50)
+        stamp(server_round)
+        result = evaluate_fn(server_round, arrays) if evaluate_fn else None
+        entry = stamp(server_round)  # an entry the server's evaluation added
+        if entry is not None:
             log.info(report.round_line(entry, strategy.num_rounds))
             tracker.add_round(entry)
         return result

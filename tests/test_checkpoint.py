@@ -88,6 +88,8 @@ def test_killed_after_round_k_and_resumed_equals_the_uninterrupted_run(tmp_path,
     assert [r.round for r in resumed.rounds] == [1, 2, 3, 4]  # rounds 1-2 from the checkpoint
     for mine, theirs in zip(resumed.rounds, whole.rounds):
         assert mine.train == theirs.train and mine.evaluate == theirs.evaluate, mine.round
+        # the checkpointed rounds' bytes too (issue 50: written after the checkpoint)
+        assert mine.wire == theirs.wire and mine.wire, mine.round
     assert resumed.clients == whole.clients
 
 
@@ -136,3 +138,40 @@ def test_state_with_a_sent_record_pickles_and_reads_back():
         pickle.dumps({"personal_init": record})  # what the checkpoint did before
     back = pickle.loads(checkpoint.dumps_state({"personal_init": record}))["personal_init"]
     np.testing.assert_array_equal(back["head.weight"].numpy(), np.arange(6.0).reshape(2, 3))
+
+
+def test_resume_from_resolves_where_the_outputs_went(tmp_path, monkeypatch):
+    """Issue 50: under ``flwr run`` a relative ``outputs-dir`` lands under ``~/pflower``, and
+    ``resume-from='outputs/<run>'`` (docs/deploy.md's command) must find it there, not in
+    the SuperLink's working directory; in process both are the working directory."""
+    from pflower import report
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    cfg = Config.from_run_config({**BASE, "algorithm": "fedalt", "outputs-dir": "outputs"})
+    home_outputs = tmp_path / "home" / "pflower" / "outputs"
+    assert report.outputs_root(cfg, "f" * 64) == home_outputs
+    assert (
+        report.resolve("outputs/20261128-1-fedalt", "f" * 64) == home_outputs / "20261128-1-fedalt"
+    )
+    assert report.outputs_root(cfg) == tmp_path / "outputs"
+    assert report.resolve("outputs/x") == tmp_path / "outputs" / "x"
+    assert report.resolve(str(tmp_path / "abs"), "f" * 64) == tmp_path / "abs"
+
+
+def test_a_run_from_a_fab_resumes_from_a_relative_run_directory(tmp_path, monkeypatch):
+    """A run with a FAB hash (as under ``flwr run``) and ``resume-from='outputs/<run>'``
+    continues the checkpoint written under ``~/pflower/outputs/<run>``."""
+    import pflower.server_app as server_app
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)  # the SuperLink's directory: no outputs/ here
+    monkeypatch.setattr(server_app, "fab_hash_of", lambda grid: "f" * 64)
+    overrides = {**BASE, "algorithm": "fedalt", "num-server-rounds": 2, "outputs-dir": "outputs"}
+    first = _run(overrides, LocalGrid(build_client_app(overrides), 4, seed=0))
+    assert first.path.parent == tmp_path / "home" / "pflower" / "outputs"
+    resumed = _run(
+        {**overrides, "resume-from": f"outputs/{first.path.name}"},
+        LocalGrid(build_client_app(overrides), 4, seed=0),
+    )
+    assert [r.round for r in resumed.rounds] == [1, 2]  # both from the checkpoint

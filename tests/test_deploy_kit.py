@@ -528,3 +528,41 @@ def test_a_supernode_whose_port_was_taken_at_its_bind_starts_again_on_another(
     assert "address already in use" in str(died.value)
     text = (fed.logs / "supernode-0.log").read_text()
     assert text.count("address already in use") == 1 + federation.PORT_MOVES
+
+
+#: a process that stops as Flower's do: on its first SIGTERM it puts the default handler back
+#: (a second SIGTERM would kill it), takes a moment to sign off, and notes whether its child
+#: (its SuperExec) was still there to be stopped after it, then exits
+_FLOWER_LIKE = """
+import os, signal, subprocess, sys, time
+child = subprocess.Popen(["sleep", "67"])
+def sign_off(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    time.sleep(0.5)  # DeactivateNode, on a loaded box
+    with open(sys.argv[1], "w") as f:
+        f.write("signed off; child alive: %s" % (child.poll() is None))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, sign_off)
+print("ready", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_stop_tree_lets_the_process_sign_off_before_its_children_stop(tmp_path):
+    """Issue 50: ``down`` sent a SuperNode SIGTERM twice at once (its own and its process
+    group's); Flower's handler puts the default one back after the first, so the second
+    killed the node before it deactivated itself, and the next ``up`` waited out its session.
+    Now the process alone gets one SIGTERM and ends cleanly (its children still there), and
+    only then do the rest of its tree get theirs."""
+    said = tmp_path / "said"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FLOWER_LIKE, str(said)], stdout=subprocess.PIPE,
+        start_new_session=True, text=True,
+    )  # fmt: skip
+    assert proc.stdout.readline().strip() == "ready"
+    (child,) = deploy.descendants(proc.pid)
+    deploy.stop_tree(proc.pid, timeout=5)
+    assert proc.wait(5) == 0  # its own clean exit, not a signal's
+    assert said.read_text() == "signed off; child alive: True"
+    assert _gone(child)

@@ -7,11 +7,14 @@ completes a run whose results equal the same run on LocalGrid."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -177,3 +180,249 @@ def test_a_fork_hands_its_data_arrays_back_and_the_next_fork_starts_with_them(tm
     assert done.returncode == 0, done.stderr[-3000:]
     said = json.loads(done.stdout.splitlines()[-1])
     assert said == {"calls": [2, 1], "kept": ["digits"], "left": False}
+
+
+# --- the warm SuperExec supervises itself (issue 50) ---------------------------------------
+#: fake tasks and answers for a real ForkExecutor (its zygote forks them as it forks Flower's
+#: run_clientapp); module level: the zygote is a fork of this process
+
+
+def _note_pid(spec, hand_back, progress):
+    Path(spec["out"]).write_text(str(os.getpid()))
+    return 0
+
+
+def _hang(spec, hand_back, progress):
+    from pflower.deploy.warm_exec import _note
+
+    _note(progress, run=7, task=11)  # as the child notes once Flower pulled its task
+    Path(spec["out"]).write_text(str(os.getpid()))
+    time.sleep(120)
+    return 0
+
+
+def _answer(spec, record, how):
+    Path(spec["answered"]).write_text(json.dumps({"run": record.get("run"), "how": how}))
+    return "answered (test)"
+
+
+def _until(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _dead(pid):
+    from pflower.deploy.processes import alive
+
+    return not alive(pid)
+
+
+@pytest.fixture(scope="module")
+def warm():
+    """The zygote's imports once in this process, so that every zygote forked by these tests
+    (and each restart) is ready at once."""
+    from pflower.deploy.warm_exec import warm_up
+
+    warm_up()
+
+
+def test_a_killed_zygote_is_started_again_and_runs_the_next_task(tmp_path, warm, capfd):
+    """Issue 50: a killed zygote took the warm SuperExec down at its next task
+    (BrokenPipeError) and the node ran nothing more. Now the next task, handed to the dead
+    zygote, starts a new one and runs; a zygote that dies between tasks is found by the poll
+    (``reconcile``) first."""
+    from pflower.deploy.warm_exec import ForkExecutor
+
+    executor = ForkExecutor(task=_note_pid)
+    try:
+        first = executor.zygote
+        os.kill(first, signal.SIGKILL)
+        assert _until(lambda: _dead(first))
+        executor.submit({"out": str(tmp_path / "a")})  # the pipe is broken: a new zygote
+        assert _until((tmp_path / "a").exists)
+        assert executor.restarts == 1 and executor.zygote != first
+        second = executor.zygote
+        os.kill(second, signal.SIGKILL)
+        assert _until(lambda: _dead(second))
+        executor.reconcile()  # Flower's loop calls it before each poll
+        assert executor.restarts == 2 and executor.zygote not in (first, second)
+        executor.submit({"out": str(tmp_path / "b")})
+        assert _until((tmp_path / "b").exists)
+    finally:
+        executor.close()
+    said = capfd.readouterr().err
+    assert f"its zygote (pid {first}) was killed by SIGKILL; starting a new one" in said
+
+
+def test_a_killed_task_is_said_answered_for_and_the_next_task_runs(tmp_path, warm, capfd):
+    """Issue 50: a fork killed mid-task was reaped in silence and its SuperNode waited for its
+    reply. Now the zygote says which run and task died and of what, answers for it
+    (``answer_for``, replaced here), and runs the next task; the zygote itself lives on."""
+    from pflower.deploy.warm_exec import ForkExecutor
+
+    executor = ForkExecutor(task=_hang, answer=_answer)
+    try:
+        spec = {"out": str(tmp_path / "pid"), "answered": str(tmp_path / "answered")}
+        executor.submit(spec)
+        assert _until((tmp_path / "pid").exists)
+        child = int((tmp_path / "pid").read_text())
+        os.kill(child, signal.SIGKILL)
+        assert _until((tmp_path / "answered").exists)
+        assert json.loads((tmp_path / "answered").read_text()) == {
+            "run": 7,
+            "how": "killed by SIGKILL",
+        }
+        executor.submit({**spec, "out": str(tmp_path / "next")})
+        assert _until((tmp_path / "next").exists)
+        assert executor.restarts == 0
+        os.kill(int((tmp_path / "next").read_text()), signal.SIGKILL)
+    finally:
+        executor.close()
+    said = capfd.readouterr().err
+    assert f"the ClientApp task of pid {child} (run 7, task 11) was killed by SIGKILL" in said
+    assert f"the task of pid {child}: answered (test)" in said
+
+
+class _FakeRuntime:
+    """The Runtime API calls ``answer_for`` makes, recorded; ``PullMessages`` hands out
+    ``waiting`` (a message the dead child had not taken) once."""
+
+    def __init__(self, waiting=None):
+        self.waiting, self.calls = waiting, []
+
+    def PullMessages(self, request):
+        from flwr.common.serde import message_to_proto
+        from flwr.proto.runtime_pb2 import PullAppMessagesResponse
+
+        self.calls.append(("PullMessages", None))
+        waiting, self.waiting = self.waiting, None
+        return PullAppMessagesResponse(
+            messages_list=[message_to_proto(waiting)] if waiting is not None else []
+        )
+
+    def PushMessages(self, request):
+        from flwr.common.serde import message_from_proto
+        from flwr.proto.runtime_pb2 import PushAppMessagesResponse
+
+        self.calls.append(("PushMessages", message_from_proto(request.messages_list[0])))
+        return PushAppMessagesResponse(message_ids=["m"], objects_to_push=[], session_id="s")
+
+    def PushObject(self, request):  # nothing asked for: never called
+        raise AssertionError("no object was asked for")
+
+    def PushTaskOutput(self, request):
+        self.calls.append(("PushTaskOutput", (request.sub_status, request.details)))
+
+
+def _message():
+    """A train message as a SuperNode holds it (its id set)."""
+    from flwr.app import Metadata, RecordDict
+    from flwr.app.message import make_message
+
+    metadata = Metadata(
+        run_id=5, message_id="a" * 64, src_node_id=1, dst_node_id=42, reply_to_message_id="",
+        group_id="3", created_at=time.time(), ttl=3600.0, message_type="train",
+    )  # fmt: skip
+    return make_message(metadata, RecordDict())
+
+
+@pytest.mark.parametrize("noted", [True, False])
+def test_a_dead_task_is_answered_with_an_error_reply_to_its_message(noted):
+    """What the zygote does for a killed task's child (``answer_for``): an error reply to the
+    task's message (the one the child noted, else the one it had not taken yet) and the task
+    ended FAILED, as Flower's run_clientapp does for a ClientApp that fails; nothing for a
+    child whose reply had been pushed, nor one whose push was cut off (said)."""
+    from flwr.common.constant import ErrorCode, SubStatus
+
+    from pflower.deploy.warm_exec import answer_for
+
+    message = _message()
+    runtime = _FakeRuntime(waiting=None if noted else message)
+    record = {"run": 5, "task": 9, "message": message} if noted else {}
+    done = answer_for({}, record, "killed by SIGKILL", client=runtime)
+    assert done.startswith("answered with an error reply")
+    names = [name for name, _ in runtime.calls]
+    assert names == (["PushMessages", "PushTaskOutput"] if noted else
+                     ["PullMessages", "PushMessages", "PushTaskOutput"])  # fmt: skip
+    reply = runtime.calls[-2][1]
+    assert reply.has_error() and reply.error.code == ErrorCode.CLIENT_APP_CRASHED
+    assert reply.metadata.reply_to_message_id == "a" * 64
+    assert "killed by SIGKILL" in reply.error.reason
+    assert runtime.calls[-1][1][0] == SubStatus.FAILED
+
+    for record, said in (({"pushing": True, "pushed": True}, "had reached the SuperNode"),
+                         ({"pushing": True}, "cut off while it was being pushed")):  # fmt: skip
+        runtime = _FakeRuntime(waiting=message)
+        assert said in answer_for({}, {**record, "message": message}, "killed", client=runtime)
+        assert runtime.calls == []
+    runtime = _FakeRuntime()  # nothing to take back: Flower's heartbeat lapse answers
+    assert "heartbeat lapses" in answer_for({}, {}, "killed", client=runtime)
+    assert [name for name, _ in runtime.calls] == ["PullMessages"]
+
+
+def test_a_task_child_notes_its_message_and_its_reply_push(tmp_path, monkeypatch):
+    """What a task's child notes for the zygote (``_record_progress``, around the Runtime API
+    client Flower's ``run_clientapp`` builds and its ``push_message``): its run and task once
+    pulled, its message as soon as it is taken (before its arrays), then the start and the
+    end of its reply's push."""
+    from flwr.common.serde import message_to_proto
+    from flwr.proto import runtime_pb2
+    from flwr.supernode.runtime import run_clientapp as flower
+
+    from pflower.deploy.warm_exec import _read_progress, _record_progress
+
+    message, progress, seen = _message(), tmp_path / "1.progress", []
+
+    class Runtime:  # the calls run_clientapp makes, answered as a SuperNode would
+        def PullTaskInput(self, request):
+            response = runtime_pb2.PullTaskInputResponse(task_id=9)
+            response.run.run_id, response.context.node_id = 5, 42
+            return response
+
+        def PullMessages(self, request):
+            response = runtime_pb2.PullAppMessagesResponse(
+                messages_list=[message_to_proto(message)]
+            )
+            response.message_object_trees.add().object_id = "a" * 64
+            return response
+
+        def PushMessages(self, request):
+            seen.append(_read_progress(progress))  # as noted when the push starts
+            _note_again(progress, seen[-1])
+            return runtime_pb2.PushAppMessagesResponse()
+
+    def push_message(client, reply, context):
+        client.PushMessages(None)
+
+    monkeypatch.setattr(flower, "RuntimeHttpClient", Runtime)
+    monkeypatch.setattr(flower, "push_message", push_message)
+    _record_progress(progress)
+    client = flower.RuntimeHttpClient()
+    client.PullTaskInput(None)
+    assert set(_peek(progress)) == {"run", "task", "node"}  # not yet its message
+    client.PullMessages(None)
+    assert _peek(progress)["message"].metadata.message_id == "a" * 64
+    flower.push_message(client, None, None)
+    record = _read_progress(progress)
+    assert seen[0]["pushing"] and "pushed" not in seen[0]
+    assert {k: record[k] for k in ("run", "task", "node", "pushing", "pushed")} == {
+        "run": 5, "task": 9, "node": 42, "pushing": True, "pushed": True,
+    }  # fmt: skip
+    assert record["message"].metadata.reply_to_message_id == ""
+    assert not progress.exists()  # read once, removed
+
+
+def _peek(path):
+    import pickle
+
+    return pickle.loads(path.read_bytes())
+
+
+def _note_again(path, record):
+    from pflower.deploy.warm_exec import _note
+
+    _note(path, **record)

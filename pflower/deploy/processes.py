@@ -54,19 +54,33 @@ def descendants(pid: int) -> list[int]:
 
 
 def stop_tree(pid: int, timeout: float = 5.0) -> list[int]:
-    """SIGTERM ``pid``, its process group and every process below it (Flower starts some
-    children in process groups of their own), then SIGKILL what is left after ``timeout``;
-    returns the pids that were signalled."""
+    """SIGTERM ``pid`` alone and give it ``timeout`` to end, then SIGTERM its process group
+    and every process below it (Flower starts some children in process groups of their own),
+    then SIGKILL what is left after ``timeout``; returns the pids that were signalled.
+
+    One SIGTERM, and only one, to ``pid`` first: Flower's processes answer the first with
+    their clean exit (a SuperNode deactivates its node on the SuperLink) and put the default
+    handler back, so a second one (the group's, sent at once) killed a SuperNode before it
+    signed off, and the SuperLink held its session until its heartbeat lapsed: the next ``up``
+    waited 28-82 s for it (issue 50). Its children stop with it or after it."""
     tree = [pid, *descendants(pid)]  # before the parent ends: its children are reparented
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGTERM)
+    _wait_gone([pid], timeout)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for target in tree:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(target, sig)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(alive(p) for p in tree):
-            time.sleep(0.1)
         if not any(alive(p) for p in tree):
             break
+        for target in tree:
+            if alive(target):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(target, sig)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        _wait_gone(tree, timeout)
     return tree
+
+
+def _wait_gone(pids: list[int], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.05)

@@ -129,15 +129,83 @@ RUN_CLIENTAPP_KEYWORDS = (
 )
 
 
-def _run_task(spec: dict, hand_back: Path | None = None) -> int:
+def _note(path: Path, **fields) -> None:
+    """Add ``fields`` to the progress record at ``path`` (whole, or not at all)."""
+    try:
+        record = pickle.loads(path.read_bytes())
+    except (FileNotFoundError, EOFError, pickle.UnpicklingError):
+        record = {}
+    record.update(fields)
+    part = path.with_suffix(".part")
+    part.write_bytes(pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
+    os.replace(part, path)
+
+
+def _read_progress(path: Path) -> dict:
+    """What a task's child recorded (``_note``), ``{}`` where it recorded nothing; removed."""
+    try:
+        return pickle.loads(path.read_bytes())
+    except Exception:  # nothing recorded, or cut off: the child died before it noted anything
+        return {}
+    finally:
+        path.unlink(missing_ok=True)
+        path.with_suffix(".part").unlink(missing_ok=True)
+
+
+def _record_progress(progress: Path) -> None:
+    """In a task's child: note, at ``progress``, the task's run and id once Flower's
+    ``run_clientapp`` has pulled them, its message (without content) as soon as it is taken
+    (before its arrays are pulled: the longest part of a fork's life on loopback), and when
+    its reply's push starts and ends, so that the zygote can answer for a child that dies
+    (``answer_for``). Wraps, in this child only (checked by ``cannot_warm``), the Runtime API
+    client ``run_clientapp`` builds and its ``push_message``."""
+    from flwr.common.serde import message_from_proto
+    from flwr.supernode.runtime import run_clientapp as flower
+
+    push = flower.push_message
+
+    class NotingClient(flower.RuntimeHttpClient):
+        def PullTaskInput(self, request):
+            res = super().PullTaskInput(request)
+            _note(progress, run=res.run.run_id, task=res.task_id, node=res.context.node_id)
+            return res
+
+        def PullMessages(self, request):
+            res = super().PullMessages(request)
+            if res.messages_list:
+                message = message_from_proto(res.messages_list[0])
+                # as Flower's pull_task_input: a message's id is its tree's root
+                message.metadata.__dict__["_message_id"] = res.message_object_trees[0].object_id
+                _note(progress, message=message)
+            return res
+
+        def PushMessages(self, request):
+            _note(progress, pushing=True)
+            return super().PushMessages(request)
+
+    def push_message(client, message, context):
+        push(client, message, context)
+        _note(progress, pushed=True)
+
+    flower.RuntimeHttpClient, flower.push_message = NotingClient, push_message
+
+
+#: what ``_record_progress`` wraps and ``answer_for`` calls in Flower's run_clientapp module
+RUN_CLIENTAPP_HOOKS = ("RuntimeHttpClient", "push_message", "push_task_output")
+
+
+def _run_task(spec: dict, hand_back: Path | None = None, progress: Path | None = None) -> int:
     """One task, in a forked child: Flower's ``run_clientapp``; its exit code. With
-    ``hand_back``, the data arrays it loaded are written there (``_hand_back``)."""
+    ``hand_back``, the data arrays it loaded are written there (``_hand_back``); with
+    ``progress``, how far it got (``_record_progress``)."""
     from flwr.supercore.tls import validate_and_resolve_root_certificates
     from flwr.supernode.runtime.run_clientapp import run_clientapp
 
     from pflower.task.data.loaders import client_arrays
 
     known = {k for k, _ in client_arrays.items()}
+    if progress is not None:
+        _record_progress(progress)
     try:
         run_clientapp(
             runtime_api_address=spec["runtime_api_address"],
@@ -166,31 +234,169 @@ def _run_task(spec: dict, hand_back: Path | None = None) -> int:
     return 0
 
 
-def _zygote(conn: Connection) -> None:
-    """Receive task specs; fork a child per task; reap finished children."""
+def how_it_ended(status: int) -> str:
+    """A ``waitpid`` status in words: ``killed by SIGKILL``, ``exited with code 1``."""
+    if os.WIFSIGNALED(status):
+        return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exited with code {os.waitstatus_to_exitcode(status)}"
+
+
+def _say(line: str) -> None:
+    """One line in the warm SuperExec's log (its stderr: the zygote's and its forks' too)."""
+    print(f"pflower warm SuperExec: {line}", file=sys.stderr, flush=True)
+
+
+def _runtime_client(spec: dict):
+    """A client of the SuperNode's Runtime API with a task's token, as Flower's
+    ``run_clientapp`` builds it (one try per call: a dead task's answer must not hang)."""
+    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor
+    from flwr.supercore.retry import make_simple_http_retry_invoker
+    from flwr.supercore.runtime import RuntimeHttpClient
+    from flwr.supercore.tls import validate_and_resolve_root_certificates
+
+    retry_invoker = make_simple_http_retry_invoker()
+    retry_invoker.max_tries = 3
+    return RuntimeHttpClient.from_server_address(
+        server_address=spec["runtime_api_address"],
+        insecure=spec["insecure"],
+        root_certificates=validate_and_resolve_root_certificates(
+            spec["root_certificates_path"], spec["insecure"]
+        ),
+        interceptors=[RuntimeTokenHttpInterceptor(spec["token"])],
+        retry_invoker=retry_invoker,
+    )
+
+
+def answer_for(spec: dict, record: dict, how: str, client=None) -> str:
+    """For a task whose child died (``how``: ``killed by SIGKILL``) before it answered: what
+    Flower's ``run_clientapp`` does for a ClientApp that fails — an error reply to the task's
+    message, then the task's end (FAILED) — through the SuperNode's Runtime API with the
+    task's own token, so the SuperNode sends the server that reply (which drops it: that node's
+    reply is lost in this round only) and hands out the next round's task as usual. Returns
+    what was done, for the log.
+
+    Flower's own SuperExec does nothing for a dead ``flwr-clientapp`` (``reconcile`` is empty);
+    its SuperNode answers "ClientApp stopped responding" once the task's heartbeat lapses
+    (60 s), but only for a message the ClientApp had taken, and it waits for the rest of a
+    reply whose push was cut off forever; a fork that lives ~1 s spends much of its life in
+    those windows. ``record`` is what the child noted (``_record_progress``): its message once
+    taken; whether its reply's push started and ended."""
+    if record.get("pushed"):
+        return "its reply had reached the SuperNode; nothing to answer"
+    if record.get("pushing"):
+        return (
+            "its reply was cut off while it was being pushed: Flower's SuperNode waits for "
+            "the rest of it, and this node runs nothing more until it is restarted "
+            "(`pflower deploy down` + `up`)"
+        )
+    from flwr.app import Context, Error, Message, RecordDict
+    from flwr.common.constant import ErrorCode, SubStatus
+    from flwr.common.serde import message_from_proto
+    from flwr.proto.runtime_pb2 import PullAppMessagesRequest  # pylint: disable=E0611
+    from flwr.supernode.runtime import run_clientapp as flower
+
+    client = client or _runtime_client(spec)
+    message = record.get("message")
+    if message is None:  # it died before it took its message: take it, to answer it
+        pulled = client.PullMessages(PullAppMessagesRequest())
+        if pulled.messages_list:
+            message = message_from_proto(pulled.messages_list[0])
+    if message is None:
+        return (
+            "its message could not be taken back; Flower's SuperNode answers for it once the "
+            "task's heartbeat lapses (30-60 s: a task not started is handed out again, a started "
+            "one answered 'ClientApp stopped responding')"
+        )
+    reason = f"the ClientApp's process was {how} (pflower warm SuperExec)"
+    reply = Message(Error(code=ErrorCode.CLIENT_APP_CRASHED, reason=reason), reply_to=message)
+    context = Context(
+        run_id=message.metadata.run_id, node_id=message.metadata.dst_node_id,
+        node_config={}, state=RecordDict(), run_config={},
+    )  # fmt: skip
+    flower.push_message(client, reply, context)
+    flower.push_task_output(client, None, SubStatus.FAILED, reason)
+    return "answered with an error reply to its message (the server drops it: this round only)"
+
+
+def _zygote(conn: Connection, task=None, answer=None) -> None:
+    """Receive task specs; fork a child per task; reap finished children, and answer for
+    those that died (``answer_for``)."""
     warm_up()
     conn.send(threading.active_count())  # ready; 1: no thread a fork could leave locked
     handed = Path(tempfile.mkdtemp(prefix="pflower-warm-exec-"))  # private (0700)
-    children: set[int] = set()
     try:
-        _serve(conn, children, handed)
+        _serve(conn, handed, task or _run_task, answer or answer_for)
     finally:
         shutil.rmtree(handed, ignore_errors=True)
 
 
-def _serve(conn: Connection, children: set[int], handed: Path) -> None:
+def _fork(conn: Connection, job, *args) -> int:
+    """``job(*args)`` in a fork of the zygote; its pid. The fork closes the zygote's end of
+    the pipe (a dead zygote's pipe must break) and never returns: it exits with ``job``'s
+    code (1 where it raised)."""
+    pid = os.fork()
+    if pid:
+        return pid
+    conn.close()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    code = 1
+    try:
+        code = job(*args)
+    except BaseException:  # never a silent exit: the SuperExec's log says why
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code if isinstance(code, int) else 0)
+
+
+def _answer_job(answer, pid: int, spec: dict, record: dict, how: str) -> int:
+    try:
+        done = answer(spec, record, how)
+    except Exception as err:  # the SuperNode gone too, a Flower that changed: said
+        done = f"could not answer for it ({type(err).__name__}: {err})"
+    _say(f"the task of pid {pid}: {done}")
+    return 0
+
+
+def _reap(conn: Connection, tasks: dict[int, dict], answering: set[int], handed: Path,
+          answer) -> None:  # fmt: skip
+    """Reap every ended child without blocking; a task's child killed by a signal is said in
+    the log (run, task, signal) and answered for (``answer``, in a fork of its own: the zygote
+    starts no thread)."""
+    while tasks or answering:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            tasks.clear()
+            answering.clear()
+            return
+        if pid == 0:
+            return
+        answering.discard(pid)
+        spec = tasks.pop(pid, None)
+        if spec is None:
+            continue
+        with contextlib.suppress(Exception):  # a cache: never the zygote's end
+            _adopt(handed / f"{pid}.pkl")
+        record = _read_progress(handed / f"{pid}.progress")
+        if not os.WIFSIGNALED(status):
+            continue  # ended by Flower's run_clientapp, which answered for itself
+        how = how_it_ended(status)
+        where = (
+            f"run {record['run']}, task {record['task']}"
+            if "run" in record
+            else "before it had pulled its task"
+        )
+        _say(f"the ClientApp task of pid {pid} ({where}) was {how}; answering for it")
+        answering.add(_fork(conn, _answer_job, answer, pid, spec, record, how))
+
+
+def _serve(conn: Connection, handed: Path, task, answer) -> None:
+    tasks: dict[int, dict] = {}  # pid -> the spec of the task it runs
+    answering: set[int] = set()
     while True:
-        while children:  # reap, without blocking
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                children.clear()
-                break
-            if pid == 0:
-                break
-            children.discard(pid)
-            with contextlib.suppress(Exception):  # a cache: never the zygote's end
-                _adopt(handed / f"{pid}.pkl")
+        _reap(conn, tasks, answering, handed, answer)
         try:
             if not conn.poll(0.2):
                 continue
@@ -199,35 +405,47 @@ def _serve(conn: Connection, children: set[int], handed: Path) -> None:
             break
         if spec is None:
             break
-        pid = os.fork()
-        if pid == 0:
-            conn.close()
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            code = 1
-            try:
-                code = _run_task(spec, handed / f"{os.getpid()}.pkl")
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        children.add(pid)
-    for pid in children:
+        tasks[_fork(conn, _task_job, task, spec, handed)] = spec
+    for pid in [*tasks, *answering]:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
 
 
+def _task_job(task, spec: dict, handed: Path) -> int:
+    """A task's child: ``task`` (``_run_task``) with where to hand back its data arrays and
+    note its progress."""
+    pid = os.getpid()
+    return task(spec, handed / f"{pid}.pkl", handed / f"{pid}.progress")
+
+
 class ForkExecutor:
     """Flower's executor protocol (``flwr.supercore.superexec.executor.types.Executor``):
-    every task goes to the zygote, which forks a child for it."""
+    every task goes to the zygote, which forks a child for it.
 
-    def __init__(self) -> None:
+    A dead zygote (killed, out of memory) is found at the next poll (``reconcile``) or at the
+    next task it is handed (a broken pipe) and started again in this process: a new fork of
+    the SuperExec, which imports torch, Flower and the app anew (seconds); the task handed to
+    the dead one goes to the new one. Its children live on and finish their tasks. A zygote
+    that cannot start again (an import fails) raises ``FlowerDrift``: the warm SuperExec exits
+    non-zero, and ``pflower deploy up`` starts it again beside its SuperNode.
+
+    ``task`` and ``answer`` replace ``_run_task`` and ``answer_for`` (tests)."""
+
+    def __init__(self, task=None, answer=None) -> None:
+        self.task, self.answer = task, answer
+        self.lock = threading.Lock()
+        #: how many times the zygote was started again
+        self.restarts = 0
+        self._start_zygote()
+
+    def _start_zygote(self) -> None:
         parent, child = Pipe()
         pid = os.fork()
         if pid == 0:  # the zygote
             parent.close()
             code = 0
             try:
-                _zygote(child)
+                _zygote(child, self.task, self.answer)
             except BaseException:  # e.g. an import a Flower upgrade moved: said, not hidden
                 traceback.print_exc()
                 code = 1
@@ -244,7 +462,22 @@ class ForkExecutor:
                 "the warm SuperExec's zygote stopped while importing what a task needs "
                 "(its traceback is above)"
             ) from None
-        self.lock = threading.Lock()
+
+    def zygote_ended(self) -> str | None:
+        """How the zygote ended (``how_it_ended``), or None while it lives."""
+        try:
+            pid, status = os.waitpid(self.zygote, os.WNOHANG)
+        except ChildProcessError:
+            return "gone"
+        return None if pid == 0 else how_it_ended(status)
+
+    def _restart(self, how: str) -> None:
+        _say(f"its zygote (pid {self.zygote}) was {how}; starting a new one")
+        with contextlib.suppress(OSError):
+            self.conn.close()
+        self._start_zygote()
+        self.restarts += 1
+        _say(f"new zygote (pid {self.zygote}) ready")
 
     def get_eligible_capacity(
         self, supported_task_types, *, insecure=False, root_certificates_path=None
@@ -263,21 +496,34 @@ class ForkExecutor:
 
         if spec.task_type != TaskType.CLIENT_APP:  # a SuperNode only asks for ClientApps
             return LaunchResult.failed(f"the warm executor runs ClientApps, not {spec.task_type}")
-        with self.lock:
-            self.conn.send(
-                {
-                    "runtime_api_address": spec.runtime_api_address,
-                    "token": spec.token,
-                    "insecure": spec.insecure,
-                    "root_certificates_path": spec.root_certificates_path,
-                    "parent_pid": spec.parent_pid,
-                    "runtime_dependency_install": spec.runtime_dependency_install,
-                }
-            )
+        self.submit(
+            {
+                "runtime_api_address": spec.runtime_api_address,
+                "token": spec.token,
+                "insecure": spec.insecure,
+                "root_certificates_path": spec.root_certificates_path,
+                "parent_pid": spec.parent_pid,
+                "runtime_dependency_install": spec.runtime_dependency_install,
+            }
+        )
         return LaunchResult.accepted()
 
+    def submit(self, task: dict) -> None:
+        """Hand ``task`` to the zygote; to a new one where it has died."""
+        with self.lock:
+            try:
+                self.conn.send(task)
+            except OSError:  # BrokenPipeError: no zygote reads the pipe any more
+                self._restart(self.zygote_ended() or "no longer reading its tasks")
+                self.conn.send(task)
+
     def reconcile(self) -> None:
-        """The zygote reaps its own children."""
+        """Called by Flower's SuperExec loop before each poll: a dead zygote is started again
+        (the zygote reaps its own children and answers for those that die)."""
+        with self.lock:
+            how = self.zygote_ended()
+            if how is not None:
+                self._restart(how)
 
     def close(self) -> None:
         try:
@@ -347,6 +593,11 @@ def cannot_warm(superexec) -> str | None:
         from flwr.supernode.runtime.run_clientapp import run_clientapp
 
         inspect.signature(run_clientapp).bind(**dict.fromkeys(RUN_CLIENTAPP_KEYWORDS))
+        from flwr.supernode.runtime import run_clientapp as module
+
+        missing = [n for n in RUN_CLIENTAPP_HOOKS if not callable(getattr(module, n, None))]
+        if missing:
+            return f"this Flower's run_clientapp module has no {missing[0]}"
     except TypeError as err:
         return f"this Flower's run_clientapp takes other arguments ({err})"
     except Exception as err:  # moved, renamed, shipped without source

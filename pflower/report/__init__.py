@@ -28,6 +28,7 @@ from pflower.report.results import (
     output_dir,
     outputs_root,
     provenance,
+    resolve,
     write,
 )
 from pflower.report.terminal import console, human_bytes, round_line, summary_table, wire_per_round
@@ -44,6 +45,7 @@ __all__ = [
     "output_dir",
     "outputs_root",
     "provenance",
+    "resolve",
     "round_line",
     "summary_table",
     "wire_per_round",

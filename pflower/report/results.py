@@ -197,10 +197,18 @@ def outputs_root(cfg: Config, fab_hash: str = "") -> Path:
     a relative one against the working directory for a run in process (``pflower
     experiment``, ``run_local``: where the command was typed), against ``FAB_OUTPUTS_HOME``
     for a run from a FAB (``fab_hash`` set: ``flwr run``)."""
-    path = Path(cfg.outputs_dir).expanduser()
-    if not path.is_absolute() and fab_hash:
-        path = FAB_OUTPUTS_HOME.expanduser() / path
-    return path.resolve()
+    return resolve(cfg.outputs_dir, fab_hash)
+
+
+def resolve(path: str | os.PathLike, fab_hash: str = "") -> Path:
+    """A path a user gave a run (``outputs-dir``, ``resume-from``), resolved as the run's
+    outputs are: as it is when absolute; a relative one against the working directory for a
+    run in process, against ``FAB_OUTPUTS_HOME`` for a run from a FAB (``flwr run``). So
+    ``resume-from='outputs/<run>'`` finds the directory ``outputs-dir = "outputs"`` made."""
+    resolved = Path(path).expanduser()
+    if not resolved.is_absolute() and fab_hash:
+        resolved = FAB_OUTPUTS_HOME.expanduser() / resolved
+    return resolved.resolve()
 
 
 def output_dir(cfg: Config, fab_hash: str = "") -> Path:
