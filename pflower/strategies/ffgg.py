@@ -391,6 +391,9 @@ class BRFFGG(FFGG):
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
     algorithm = "br-ffgg|ffgg|async-ffgg"
     defaults = BR_FFGG_DEFAULTS
+    #: the paper's rule is its default, in every round (not FFGG's defence, which would clip
+    #: the rounds too small for it: ``robust-small-rounds``)
+    defence = {}
 
 
 def ffgg_strategy(cfg: RunConfig, **kwargs) -> FFGG:
