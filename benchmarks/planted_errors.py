@@ -122,6 +122,12 @@ PLANTS = [
         [DEFENCE],
     ),
     Plant(
+        "default defence: BR-FFGG built by hand inherits FFGG's small-round clipping",
+        S + "ffgg.py",
+        [("    defence = {}\n", "")],
+        [f"{T}test_strategy_defaults.py"],
+    ),
+    Plant(
         "robust rules: L2GD's mean of the x_m around the rule",
         S + "l2gd.py",
         [
