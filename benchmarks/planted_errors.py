@@ -42,6 +42,8 @@ CLAIMS = [
     C + "test_a_lie_about_num_examples_is_capped_never_dropped",
     C + "test_start_up_answers_that_are_no_counts_are_ignored_and_a_lie_is_bounded",
 ]
+#: issue 50: the warm SuperExec's supervision, the resumed run
+WARM, RESUME = f"{T}test_warm_exec.py::", f"{T}test_checkpoint.py::"
 EVALUATION = [
     C + "test_a_low_evaluation_claim_in_a_two_node_federation_moves_accuracy_by_its_share",
     C + "test_a_high_evaluation_claim_moves_the_pooled_accuracy_by_its_bounded_share",
@@ -1079,6 +1081,61 @@ PLANTS = [
             )
         ],
         [T + "test_flower_boundary.py"],
+    ),
+    # --- crashes: the warm SuperExec, down, resume (issue 50) -----------------------------
+    Plant(
+        "crashes: a zygote that died is not started again at the next task (broken pipe)",
+        "pflower/deploy/warm_exec.py",
+        [
+            (
+                "                self._restart(self.zygote_ended() or "
+                '"no longer reading its tasks")\n                self.conn.send(task)',
+                "                raise",
+            )
+        ],
+        [WARM + "test_a_killed_zygote_is_started_again_and_runs_the_next_task"],
+    ),
+    Plant(
+        "crashes: a zygote that died is not started again at the poll (reconcile)",
+        "pflower/deploy/warm_exec.py",
+        [
+            (
+                "            if how is not None:\n                self._restart(how)",
+                "            pass",
+            )
+        ],
+        [WARM + "test_a_killed_zygote_is_started_again_and_runs_the_next_task"],
+    ),
+    Plant(
+        "crashes: a task's child killed by a signal is reaped in silence, never answered for",
+        "pflower/deploy/warm_exec.py",
+        [("        if not os.WIFSIGNALED(status):\n", "        if True:\n")],
+        [WARM + "test_a_killed_task_is_said_answered_for_and_the_next_task_runs"],
+    ),
+    Plant(
+        "crashes: down's SIGTERM to the process and to its group at once (a second SIGTERM)",
+        "pflower/deploy/processes.py",
+        [("    _wait_gone([pid], timeout)\n", "")],
+        [
+            f"{T}test_deploy_kit.py::test_stop_tree_lets_the_process_sign_off_before_its_children_stop"
+        ],
+    ),
+    Plant(
+        "crashes: resume-from read against the working directory, not where the outputs went",
+        "pflower/server_app.py",
+        [
+            (
+                "resume_from = str(report.resolve(cfg.resume_from, fab_hash))",
+                "resume_from = cfg.resume_from",
+            )
+        ],
+        [RESUME + "test_a_run_from_a_fab_resumes_from_a_relative_run_directory"],
+    ),
+    Plant(
+        "crashes: a round's wire bytes stamped after its checkpoint is written",
+        "pflower/server_app.py",
+        [("        stamp(server_round)\n        result = ", "        result = ")],
+        [RESUME + "test_killed_after_round_k_and_resumed_equals_the_uninterrupted_run"],
     ),
 ]
 
