@@ -44,6 +44,8 @@ CLAIMS = [
 ]
 #: issue 50: the warm SuperExec's supervision, the resumed run
 WARM, RESUME = f"{T}test_warm_exec.py::", f"{T}test_checkpoint.py::"
+UP = f"{T}test_deploy_kit.py::test_up_starts_every_dead_process_again_with_the_command_it_was_"
+UP += "started_with"
 EVALUATION = [
     C + "test_a_low_evaluation_claim_in_a_two_node_federation_moves_accuracy_by_its_share",
     C + "test_a_high_evaluation_claim_moves_the_pooled_accuracy_by_its_bounded_share",
@@ -1136,6 +1138,29 @@ PLANTS = [
         "pflower/server_app.py",
         [("        stamp(server_round)\n        result = ", "        result = ")],
         [RESUME + "test_killed_after_round_k_and_resumed_equals_the_uninterrupted_run"],
+    ),
+    Plant(
+        "crashes: up starts a dead SuperLink or gateway with the command it would build now",
+        "pflower/deploy/federation.py",
+        [('                start(command=list(entry["command"]))\n', "                start()\n")],
+        [UP],
+    ),
+    Plant(
+        "crashes: up starts a dead SuperNode afresh (not warm as it was, not its config)",
+        "pflower/deploy/federation.py",
+        [("                recorded[i] = Recorded.of(self.entries, i)\n", "")],
+        [UP],
+    ),
+    Plant(
+        "crashes: up leaves a dead SuperNode's warm SuperExec running beside nothing",
+        "pflower/deploy/federation.py",
+        [
+            (
+                "                self.stop(label)  # its warm SuperExec",
+                "                # its warm SuperExec",
+            )
+        ],
+        [UP],
     ),
 ]
 
