@@ -1084,6 +1084,36 @@ PLANTS = [
         ],
         [T + "test_flower_boundary.py"],
     ),
+    Plant(
+        "flower boundary: a hook the warm SuperExec wraps is not checked at its start",
+        "pflower/flower/superexec.py",
+        [
+            (
+                'RUN_CLIENTAPP_HOOKS = ("RuntimeHttpClient", "push_message", "push_task_output")',
+                'RUN_CLIENTAPP_HOOKS = ("RuntimeHttpClient", "push_message")',
+            )
+        ],
+        [T + "test_flower_boundary.py"],
+    ),
+    Plant(
+        "flower boundary: the kit waits for a word Flower does not say",
+        "pflower/flower/texts.py",
+        [('ACTIVATED = "SuperNode ID:"', 'ACTIVATED = "SuperNode id:"')],
+        [T + "test_flower_boundary.py"],
+    ),
+    Plant(
+        "flower boundary: a moved connection writer crashes the kit (not refused by name)",
+        "pflower/flower/cli.py",
+        [
+            (
+                "        connection = typing.SuperLinkConnection\n"
+                "    except (ImportError, AttributeError) as err:",
+                "        connection = typing.SuperLinkConnection\n"
+                "    except AttributeError as err:",
+            )
+        ],
+        [T + "test_flower_boundary.py"],
+    ),
     # --- crashes: the warm SuperExec, down, resume (issue 50) -----------------------------
     Plant(
         "crashes: a zygote that died is not started again at the next task (broken pipe)",

@@ -187,8 +187,15 @@ def test_a_fork_hands_its_data_arrays_back_and_the_next_fork_starts_with_them(tm
 #: run_clientapp); module level: the zygote is a fork of this process
 
 
+def _write_pid(path):
+    """This process's pid at ``path``, whole (the test polls for the file: one it found empty
+    made a loaded run fail reading it)."""
+    Path(path + ".part").write_text(str(os.getpid()))
+    os.replace(path + ".part", path)
+
+
 def _note_pid(spec, hand_back, progress):
-    Path(spec["out"]).write_text(str(os.getpid()))
+    _write_pid(spec["out"])
     return 0
 
 
@@ -196,7 +203,7 @@ def _hang(spec, hand_back, progress):
     from pflower.deploy.warm_exec import _note
 
     _note(progress, run=7, task=11)  # as the child notes once Flower pulled its task
-    Path(spec["out"]).write_text(str(os.getpid()))
+    _write_pid(spec["out"])
     time.sleep(120)
     return 0
 

@@ -19,8 +19,6 @@ from typing import NamedTuple
 from pflower.deploy import flower_cli
 from pflower.deploy.credentials import _write, connection, credentials
 from pflower.deploy.flower_cli import (
-    ACTIVATION_REFUSED,
-    ALREADY_REGISTERED,
     flower_error,
     register,
     superlink_command,
@@ -30,6 +28,13 @@ from pflower.deploy.flower_cli import (
 from pflower.deploy.gateway import gateway_command
 from pflower.deploy.processes import descendants, is_ours, stop_tree
 from pflower.flower.cli import with_own_bin
+from pflower.flower.texts import (
+    ACTIVATED,
+    ACTIVATION_REFUSED,
+    ALREADY_REGISTERED,
+    PORT_TAKEN,
+    TASK_POLL_VARIABLE,
+)
 
 #: how long the SuperLink keeps a silent node online: Flower's heartbeat interval (30 s)
 #: times its patience (2), plus one call timeout
@@ -39,12 +44,6 @@ HEARTBEAT_WINDOW_S = 65
 SETTLE_S = 8.0
 #: at most this long (s) for a started SuperNode's Runtime API to listen
 READY_S = 60.0
-#: what Flower's SuperNode logs once the SuperLink has activated it (``SuperNode ID: <id>``,
-#: ``flwr/supernode/start_client_internal.py``): its Runtime API listens before that, and a
-#: node whose activation is refused exits after it, on a loaded box seconds after ``SETTLE_S``
-ACTIVATED = "SuperNode ID:"
-#: what a process says when the port it binds is held (uvicorn's words, as Python's)
-PORT_TAKEN = "address already in use"
 #: at most this many new ports for a node whose port was taken at its bind
 PORT_MOVES = 3
 #: the pause between two starts while the SuperLink still holds a dead node's session
@@ -55,9 +54,8 @@ SUPERLINK_STATES = ("sqlite", "memory")
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 #: a SuperExec's task poll (seconds) while there are no more SuperNodes than cores
 TASK_POLL_S = 0.05
-#: Flower's variable for a SuperExec's task poll, and the range its SuperExec accepts
-#: (``flwr/supercore/superexec/run_superexec.py``; Flower's own default is 1 s)
-TASK_POLL_VARIABLE = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+#: the range of the task poll Flower's SuperExec accepts (``TASK_POLL_VARIABLE``,
+#: ``flwr/supercore/superexec/run_superexec.py``; Flower's own default is 1 s)
 MIN_TASK_POLL_S, MAX_TASK_POLL_S = 0.01, 60.0
 
 
