@@ -42,6 +42,10 @@ CLAIMS = [
     C + "test_a_lie_about_num_examples_is_capped_never_dropped",
     C + "test_start_up_answers_that_are_no_counts_are_ignored_and_a_lie_is_bounded",
 ]
+#: issue 50: the warm SuperExec's supervision, the resumed run
+WARM, RESUME = f"{T}test_warm_exec.py::", f"{T}test_checkpoint.py::"
+UP = f"{T}test_deploy_kit.py::test_up_starts_every_dead_process_again_with_the_command_it_was_"
+UP += "started_with"
 EVALUATION = [
     C + "test_a_low_evaluation_claim_in_a_two_node_federation_moves_accuracy_by_its_share",
     C + "test_a_high_evaluation_claim_moves_the_pooled_accuracy_by_its_bounded_share",
@@ -1085,6 +1089,114 @@ PLANTS = [
             )
         ],
         [T + "test_flower_boundary.py"],
+    ),
+    Plant(
+        "flower boundary: a hook the warm SuperExec wraps is not checked at its start",
+        "pflower/flower/superexec.py",
+        [
+            (
+                'RUN_CLIENTAPP_HOOKS = ("RuntimeHttpClient", "push_message", "push_task_output")',
+                'RUN_CLIENTAPP_HOOKS = ("RuntimeHttpClient", "push_message")',
+            )
+        ],
+        [T + "test_flower_boundary.py"],
+    ),
+    Plant(
+        "flower boundary: the kit waits for a word Flower does not say",
+        "pflower/flower/texts.py",
+        [('ACTIVATED = "SuperNode ID:"', 'ACTIVATED = "SuperNode id:"')],
+        [T + "test_flower_boundary.py"],
+    ),
+    Plant(
+        "flower boundary: a moved connection writer crashes the kit (not refused by name)",
+        "pflower/flower/cli.py",
+        [
+            (
+                "        connection = typing.SuperLinkConnection\n"
+                "    except (ImportError, AttributeError) as err:",
+                "        connection = typing.SuperLinkConnection\n"
+                "    except AttributeError as err:",
+            )
+        ],
+        [T + "test_flower_boundary.py"],
+    ),
+    # --- crashes: the warm SuperExec, down, resume (issue 50) -----------------------------
+    Plant(
+        "crashes: a zygote that died is not started again at the next task (broken pipe)",
+        "pflower/deploy/warm_exec.py",
+        [
+            (
+                "                self._restart(self.zygote_ended() or "
+                '"no longer reading its tasks")\n                self.conn.send(task)',
+                "                raise",
+            )
+        ],
+        [WARM + "test_a_killed_zygote_is_started_again_and_runs_the_next_task"],
+    ),
+    Plant(
+        "crashes: a zygote that died is not started again at the poll (reconcile)",
+        "pflower/deploy/warm_exec.py",
+        [
+            (
+                "            if how is not None:\n                self._restart(how)",
+                "            pass",
+            )
+        ],
+        [WARM + "test_a_killed_zygote_is_started_again_and_runs_the_next_task"],
+    ),
+    Plant(
+        "crashes: a task's child killed by a signal is reaped in silence, never answered for",
+        "pflower/deploy/warm_exec.py",
+        [("        if not os.WIFSIGNALED(status):\n", "        if True:\n")],
+        [WARM + "test_a_killed_task_is_said_answered_for_and_the_next_task_runs"],
+    ),
+    Plant(
+        "crashes: down's SIGTERM to the process and to its group at once (a second SIGTERM)",
+        "pflower/deploy/processes.py",
+        [("    _wait_gone([pid], timeout)\n", "")],
+        [
+            f"{T}test_deploy_kit.py::test_stop_tree_lets_the_process_sign_off_before_its_children_stop"
+        ],
+    ),
+    Plant(
+        "crashes: resume-from read against the working directory, not where the outputs went",
+        "pflower/server_app.py",
+        [
+            (
+                "resume_from = str(report.resolve(cfg.resume_from, fab_hash))",
+                "resume_from = cfg.resume_from",
+            )
+        ],
+        [RESUME + "test_a_run_from_a_fab_resumes_from_a_relative_run_directory"],
+    ),
+    Plant(
+        "crashes: a round's wire bytes stamped after its checkpoint is written",
+        "pflower/server_app.py",
+        [("        stamp(server_round)\n        result = ", "        result = ")],
+        [RESUME + "test_killed_after_round_k_and_resumed_equals_the_uninterrupted_run"],
+    ),
+    Plant(
+        "crashes: up starts a dead SuperLink or gateway with the command it would build now",
+        "pflower/deploy/federation.py",
+        [('                start(command=list(entry["command"]))\n', "                start()\n")],
+        [UP],
+    ),
+    Plant(
+        "crashes: up starts a dead SuperNode afresh (not warm as it was, not its config)",
+        "pflower/deploy/federation.py",
+        [("                recorded[i] = Recorded.of(self.entries, i)\n", "")],
+        [UP],
+    ),
+    Plant(
+        "crashes: up leaves a dead SuperNode's warm SuperExec running beside nothing",
+        "pflower/deploy/federation.py",
+        [
+            (
+                "                self.stop(label)  # its warm SuperExec",
+                "                # its warm SuperExec",
+            )
+        ],
+        [UP],
     ),
 ]
 

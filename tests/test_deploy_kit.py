@@ -195,10 +195,12 @@ def _fake_flower(tmp_path, monkeypatch, supernode: str) -> None:
     monkeypatch.setattr(
         federation.Federation,
         "start_superlink",
-        lambda self: self._start("superlink", ["sleep", "71"]),
+        lambda self, command=None: self._start("superlink", command or ["sleep", "71"]),
     )
     monkeypatch.setattr(
-        federation.Federation, "start_gateway", lambda self: self._start("gateway", ["sleep", "72"])
+        federation.Federation,
+        "start_gateway",
+        lambda self, command=None: self._start("gateway", command or ["sleep", "72"]),
     )
 
 
@@ -269,6 +271,71 @@ def test_up_starts_a_dead_warm_superexec_again_beside_its_living_supernode(tmp_p
         assert entries["warm-exec-0"]["pid"] != dead and deploy.alive(entries["warm-exec-0"]["pid"])
         assert entries["warm-exec-0"]["command"] == ["sleep", "87"]
         assert entries["warm-exec-1"]["pid"] == alive
+    finally:
+        deploy.Federation(fed.root).stop_all()
+
+
+def test_up_starts_every_dead_process_again_with_the_command_it_was_started_with(
+    tmp_path, monkeypatch
+):
+    """Issue 50, item 1: ``up`` checks every process the federation owns and starts a dead
+    one again with its recorded command line, one line each: the SuperLink and the gateway
+    (their recorded commands, not the ones this ``up`` would build), a dead SuperNode as it
+    was (warm, though this ``up`` is not given ``--warm``; its node config; its warm
+    SuperExec beside the new node's pid, the old one stopped), a warm SuperExec beside a
+    living SuperNode; what lives is left alone."""
+    from pflower.deploy import federation
+
+    _fake_flower(tmp_path, monkeypatch, "sleep 78")
+    monkeypatch.setattr(
+        federation, "warm_exec_command",
+        lambda port, pid, poll=None: [
+            sys.executable, "-c", "import time; time.sleep(79)",
+            "--runtime-api-address", f"127.0.0.1:{port}", "--parent-pid", str(pid),
+        ],
+    )  # fmt: skip
+    fed = deploy.Federation(tmp_path / "fed", supernodes=2, warm=True)
+    try:
+        fed.up()
+        first = json.loads((fed.root / "pids.json").read_text())
+        assert set(first) == {"superlink", "gateway", *(f"{k}-{i}" for k in ("supernode",
+                              "warm-exec") for i in (0, 1))}  # fmt: skip
+        for label in ("superlink", "gateway", "supernode-0", "warm-exec-1"):
+            fed.crash(label)
+        old_exec = first["warm-exec-0"]["pid"]
+        assert deploy.alive(old_exec)  # its own session: it outlived its node
+        recorded = json.loads((fed.root / "pids.json").read_text())
+        # as an older kit (or another up's options) started them: up must not rebuild them
+        recorded["superlink"]["command"] = ["sleep", "81"]
+        recorded["gateway"]["command"] = ["sleep", "82"]
+        (fed.root / "pids.json").write_text(json.dumps(recorded))
+
+        said = deploy.Federation(fed.root, supernodes=2).up()
+        now = json.loads((fed.root / "pids.json").read_text())
+        for label in ("superlink", "gateway"):
+            line = f"{label}: had died (pid {first[label]['pid']}); started again "
+            assert f"{line}(pid {now[label]['pid']})" in said, said
+        assert now["superlink"]["command"] == ["sleep", "81"]
+        assert now["gateway"]["command"] == ["sleep", "82"]
+        node = now["supernode-0"]
+        assert any(
+            s.startswith(f"supernode-0: had died (pid {first['supernode-0']['pid']}); "
+                         f"started again (pid {node['pid']}, alive after 0.5 s")
+            for s in said
+        ), said  # fmt: skip
+        assert node["command"] == first["supernode-0"]["command"]  # warm, its config, its port
+        assert node["command"][-2:] == ["--isolation", "process"]
+        assert _gone(old_exec)  # the dead node's SuperExec stopped...
+        beside = now["warm-exec-0"]["command"]  # ...and one beside the new node
+        assert (
+            beside[-1] == str(node["pid"]) and beside[:-1] == first["warm-exec-0"]["command"][:-1]
+        )
+        line = f"warm-exec-1: had died (pid {first['warm-exec-1']['pid']}); started again"
+        assert any(s.startswith(line) for s in said), said
+        assert now["supernode-1"] == first["supernode-1"]
+        assert f"supernode-1: already running (pid {first['supernode-1']['pid']})" in said
+        assert all(deploy.alive(e["pid"]) for e in now.values())
+        assert len([s for s in said if "had died" in s]) == 4
     finally:
         deploy.Federation(fed.root).stop_all()
 

@@ -15,6 +15,7 @@ import types
 from pathlib import Path
 
 import pytest
+from test_deploy_kit import _kit_refuses_this_flower
 
 from pflower.experiments.local_grid import LocalGrid, run_local
 from pflower.flower import FlowerDrift, _said, grids
@@ -33,9 +34,9 @@ PUBLIC = {
     "flwr.server",
     "flwr.client",
 }
-#: where private touches may be: the boundary, the deployment kit (which drives Flower's
-#: processes and CLI: docs/flower-boundary.md lists its touches) and the tests' LocalGrid
-ALLOWED = ("pflower/flower/", "pflower/deploy/", "pflower/experiments/local_grid.py")
+#: where private touches may be: the boundary and the tests' LocalGrid (the deployment kit
+#: reaches Flower through the boundary's cli, superexec, texts and waits: issue 48 item 1)
+ALLOWED = ("pflower/flower/", "pflower/experiments/local_grid.py")
 TINY = {
     "dataset": "digits",
     "num-server-rounds": 2,
@@ -300,3 +301,80 @@ def test_pflower_run_fails_when_the_superlink_is_gone_though_flwr_run_exits_0(mo
     assert launch.run([str(ROOT), "--no-check"]) == launch.FAILED
     err = capsys.readouterr().err
     assert "run 5" in err and "may have stopped" in err and "resume-from" in err
+
+
+# --- the deployment kit's touches (issue 48 item 1: gathered in pflower.flower) -------------
+#: the kit refuses a Flower older than it was checked on (1.41) at start: its adapters are
+#: checked on 1.41 and 1.42 (``.ci/compat`` runs this file on 1.35)
+KIT_FLOWER = pytest.mark.skipif(
+    _kit_refuses_this_flower(),
+    reason="the deployment kit refuses this Flower at start (flwr < 1.41)",
+)
+
+
+@KIT_FLOWER
+def test_the_words_the_kit_reads_are_in_the_installed_flowers_source():
+    """``pflower.flower.texts``: each word the deployment kit looks for in Flower's output is
+    in this Flower's source, as it was in 1.41 and 1.42 (a reworded one fails here before it
+    turns an explanation into Flower's bare error)."""
+    import flwr
+
+    from pflower.flower import texts
+
+    source = "\n".join(
+        p.read_text(errors="replace") for p in Path(flwr.__file__).parent.rglob("*.py")
+    )
+    assert [w for w in texts.FLOWER_SAYS if w not in source] == []
+    assert "a word Flower never says" not in source  # the check can fail
+
+
+@KIT_FLOWER
+def test_the_kits_flower_cli_touches_moved_are_refused_by_name(monkeypatch, tmp_path):
+    """``pflower.flower.cli``: Flower's connection writer and ``flower_supernode`` moved (the
+    modules made unimportable, as after an upgrade that moved them): ``FlowerDrift`` naming
+    the module, which ``deploy up`` and ``python -m pflower.deploy.supernode`` print as their
+    one-line refusal; this Flower's are found and the connection written with them."""
+    import tomllib
+
+    from pflower.deploy import connection
+    from pflower.flower import cli
+
+    written = connection(tmp_path / "home", "here", "127.0.0.1:1", __file__)
+    here = tomllib.loads(written.read_text())["superlink"]
+    assert here["default"] == "here" and here["here"]["address"] == "127.0.0.1:1"
+    assert callable(cli.flower_supernode())
+    for name in (*cli.CONFIG_MODULES, cli.SUPERNODE_MODULE):
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(FlowerDrift, match="flwr.cli.flower_config"):
+        connection(tmp_path / "home", "here", "127.0.0.1:1", __file__)
+    with pytest.raises(FlowerDrift, match="flwr.supernode.cli.flower_supernode"):
+        cli.flower_supernode()
+
+
+@KIT_FLOWER
+def test_the_warm_superexecs_flower_touches_moved_say_what_changed(monkeypatch):
+    """``pflower.flower.superexec``: Flower's ``run_clientapp`` module gone, or without a hook
+    the warm SuperExec wraps: ``cannot_warm`` names it (the warm SuperExec then runs Flower's
+    own, cold); importing the warm SuperExec's module loads none of these Flower modules."""
+    import flwr.supernode.runtime.run_clientapp as flowers
+    from flwr.supercore.superexec import run_superexec
+
+    from pflower.flower import superexec
+
+    assert superexec.cannot_warm(run_superexec) is None
+    monkeypatch.delattr(flowers, "push_task_output")
+    assert superexec.cannot_warm(run_superexec) == (
+        "this Flower's run_clientapp module has no push_task_output"
+    )
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, superexec.RUN_CLIENTAPP, None)
+    said = superexec.cannot_warm(run_superexec)
+    assert "not the one checked" in said and superexec.RUN_CLIENTAPP in said
+    code = (
+        "import sys\n"
+        "import pflower.deploy.warm_exec, pflower.deploy.supernode, pflower.deploy\n"
+        "print([m for m in sys.modules if m.startswith(('flwr.supernode.runtime', "
+        "'flwr.supercore.superexec', 'flwr.cli', 'flwr.supernode.cli'))])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]

@@ -9,8 +9,6 @@ from pflower.deploy.command import main
 from pflower.deploy.credentials import connection, credentials, node_keys
 from pflower.deploy.federation import HEARTBEAT_WINDOW_S, SETTLE_S, Federation, SuperNodeDied
 from pflower.deploy.flower_cli import (
-    ACTIVATION_REFUSED,
-    ALREADY_REGISTERED,
     flower_error,
     flower_said,
     register,
@@ -19,6 +17,7 @@ from pflower.deploy.flower_cli import (
 )
 from pflower.deploy.gateway import FLEET_API, gateway, gateway_command
 from pflower.deploy.processes import alive, cmdline, descendants, is_ours, stop_tree
+from pflower.flower.texts import ACTIVATION_REFUSED, ALREADY_REGISTERED
 
 __all__ = [
     "ACTIVATION_REFUSED",

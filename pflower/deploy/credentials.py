@@ -110,9 +110,9 @@ def node_keys(path: str | os.PathLike) -> Path:
 def connection(flwr_home: str | os.PathLike, name: str, address: str, ca: str) -> Path:
     """Add (or replace) the SuperLink connection ``name`` in ``flwr_home/config.toml``, the
     Flower configuration the ``flwr`` CLI reads (``FLWR_HOME``, default ``~/.flwr``), and
-    make it the default; written by Flower's own configuration writer."""
-    from flwr.cli import flower_config
-    from flwr.cli.typing import SuperLinkConnection
+    make it the default; written by Flower's own configuration writer
+    (``pflower.flower.cli.write_connection``)."""
+    from pflower.flower.cli import write_connection
 
     home = Path(flwr_home).expanduser().resolve()
     home.mkdir(parents=True, exist_ok=True)
@@ -120,10 +120,7 @@ def connection(flwr_home: str | os.PathLike, name: str, address: str, ca: str) -
     os.environ["FLWR_HOME"] = str(home)  # Flower's writer finds the file through it
     try:
         root = str(Path(ca).expanduser().resolve())
-        flower_config.write_superlink_connection(
-            SuperLinkConnection(name, address=address, root_certificates=root, insecure=False)
-        )
-        flower_config.set_default_superlink_connection(name)
+        write_connection(name, address, root)
     finally:
         if before is None:
             os.environ.pop("FLWR_HOME", None)

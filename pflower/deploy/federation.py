@@ -7,18 +7,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from pflower.deploy import flower_cli
 from pflower.deploy.credentials import _write, connection, credentials
 from pflower.deploy.flower_cli import (
-    ACTIVATION_REFUSED,
-    ALREADY_REGISTERED,
     flower_error,
     register,
     superlink_command,
@@ -28,6 +28,13 @@ from pflower.deploy.flower_cli import (
 from pflower.deploy.gateway import gateway_command
 from pflower.deploy.processes import descendants, is_ours, stop_tree
 from pflower.flower.cli import with_own_bin
+from pflower.flower.texts import (
+    ACTIVATED,
+    ACTIVATION_REFUSED,
+    ALREADY_REGISTERED,
+    PORT_TAKEN,
+    TASK_POLL_VARIABLE,
+)
 
 #: how long the SuperLink keeps a silent node online: Flower's heartbeat interval (30 s)
 #: times its patience (2), plus one call timeout
@@ -37,12 +44,6 @@ HEARTBEAT_WINDOW_S = 65
 SETTLE_S = 8.0
 #: at most this long (s) for a started SuperNode's Runtime API to listen
 READY_S = 60.0
-#: what Flower's SuperNode logs once the SuperLink has activated it (``SuperNode ID: <id>``,
-#: ``flwr/supernode/start_client_internal.py``): its Runtime API listens before that, and a
-#: node whose activation is refused exits after it, on a loaded box seconds after ``SETTLE_S``
-ACTIVATED = "SuperNode ID:"
-#: what a process says when the port it binds is held (uvicorn's words, as Python's)
-PORT_TAKEN = "address already in use"
 #: at most this many new ports for a node whose port was taken at its bind
 PORT_MOVES = 3
 #: the pause between two starts while the SuperLink still holds a dead node's session
@@ -53,9 +54,8 @@ SUPERLINK_STATES = ("sqlite", "memory")
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 #: a SuperExec's task poll (seconds) while there are no more SuperNodes than cores
 TASK_POLL_S = 0.05
-#: Flower's variable for a SuperExec's task poll, and the range its SuperExec accepts
-#: (``flwr/supercore/superexec/run_superexec.py``; Flower's own default is 1 s)
-TASK_POLL_VARIABLE = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+#: the range of the task poll Flower's SuperExec accepts (``TASK_POLL_VARIABLE``,
+#: ``flwr/supercore/superexec/run_superexec.py``; Flower's own default is 1 s)
 MIN_TASK_POLL_S, MAX_TASK_POLL_S = 0.01, 60.0
 
 
@@ -237,10 +237,13 @@ class Federation:
         text = path.read_text(errors="replace") if path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def start_superlink(self, wait: float = 60.0) -> None:
+    def start_superlink(self, wait: float = 60.0, command: list[str] | None = None) -> None:
+        """The SuperLink (``command``: the one it was started with before, ``up``); ready
+        when the ``flwr`` CLI can list its SuperNodes."""
         proc = self._start(
             "superlink",
-            superlink_command(
+            command
+            or superlink_command(
                 self.creds,
                 self.superlink_port,
                 self.root / "superlink.db" if self.superlink_state == "sqlite" else None,
@@ -262,15 +265,17 @@ class Federation:
             + self._log_tail("superlink")
         )
 
-    def start_gateway(self, wait: float = 30.0) -> None:
-        """The Fleet gateway on ``fleet_address``; ready when it answers (403 to a GET)."""
+    def start_gateway(self, wait: float = 30.0, command: list[str] | None = None) -> None:
+        """The Fleet gateway on ``fleet_address`` (``command``: the one it was started with
+        before, ``up``); ready when it answers (403 to a GET)."""
         import ssl
         import urllib.error
         import urllib.request
 
         proc = self._start(
             "gateway",
-            gateway_command(self.creds, self.fleet_address, f"127.0.0.1:{self.superlink_port}"),
+            command
+            or gateway_command(self.creds, self.fleet_address, f"127.0.0.1:{self.superlink_port}"),
         )
         context = ssl.create_default_context(cafile=str(self.creds / "ca.crt"))
         deadline = time.monotonic() + wait
@@ -286,24 +291,39 @@ class Federation:
     def register(self, i: int) -> str:
         return register(self.creds, f"supernode-{i}", self.name, self.env)
 
-    def start_supernode(self, i: int, key: int | None = None, **node_config) -> subprocess.Popen:
+    def start_supernode(self, i: int, key: int | None = None, recorded: Recorded | None = None,
+                        **node_config) -> subprocess.Popen:  # fmt: skip
         """SuperNode ``i`` (partition i of ``supernodes``, state in ``state_dir(i)``),
-        authenticated with key ``key`` (default: its own), connected to the gateway."""
-        config = {
-            "partition-id": i,
-            "num-partitions": self.supernodes,
-            "state-dir": str(self.state_dir(i)),
-            **node_config,
-        }
+        authenticated with key ``key`` (default: its own), connected to the gateway; with
+        ``recorded`` (``up``, for a node that died), the command lines it and its warm
+        SuperExec were started with, on the Runtime API port ``runtime_port`` finds free now
+        (a dead node's may be held) and, for the SuperExec, beside the new node's pid: a node
+        comes back as it was (warm or not, its node config, its poll), whatever this ``up``
+        was given."""
         runtime_port = self.runtime_ports[i] = self.runtime_port(i)
-        command = supernode_command(
-            self.creds, f"supernode-{i if key is None else key}", self.fleet_address,
-            runtime_port, config, self.poll_interval,
-        )  # fmt: skip
-        if not self.warm:
-            return self._start(f"supernode-{i}", command)
-        proc = self._start(f"supernode-{i}", [*command, "--isolation", "process"])
-        self._start(f"warm-exec-{i}", warm_exec_command(runtime_port, proc.pid, self.poll_interval))
+        if recorded is not None:
+            command = _with(recorded.supernode, "--port", str(runtime_port))
+            warm = _value(command, "--isolation") == "process"
+        else:
+            config = {
+                "partition-id": i,
+                "num-partitions": self.supernodes,
+                "state-dir": str(self.state_dir(i)),
+                **node_config,
+            }
+            command = supernode_command(
+                self.creds, f"supernode-{i if key is None else key}", self.fleet_address,
+                runtime_port, config, self.poll_interval,
+            )  # fmt: skip
+            command += ["--isolation", "process"] if self.warm else []
+            warm = self.warm
+        proc = self._start(f"supernode-{i}", command)
+        if warm:
+            beside = warm_exec_command(runtime_port, proc.pid, self.poll_interval)
+            if recorded is not None and recorded.warm_exec is not None:
+                beside = _with(recorded.warm_exec, "--parent-pid", str(proc.pid))
+                beside = _with(beside, "--runtime-api-address", f"127.0.0.1:{runtime_port}")
+            self._start(f"warm-exec-{i}", beside)
         return proc
 
     def runtime_port(self, i: int) -> int:
@@ -348,8 +368,9 @@ class Federation:
         return self.start_supernodes([i], timeout, **node_config)[i]
 
     def start_supernodes(
-        self, indices, timeout: float = 2 * HEARTBEAT_WINDOW_S, **node_config
-    ) -> dict[int, subprocess.Popen]:
+        self, indices, timeout: float = 2 * HEARTBEAT_WINDOW_S,
+        recorded: Mapping[int, Recorded] | None = None, **node_config,
+    ) -> dict[int, subprocess.Popen]:  # fmt: skip
         """Start SuperNodes ``indices`` and return once each is still alive ``SETTLE_S``
         after its start and its Runtime API listens (within ``READY_S``): a node Flower
         refuses exits within seconds, one whose port was taken exits when it binds it (20
@@ -364,10 +385,13 @@ class Federation:
         ``runtime_port``'s look and its bind starts again at once on another port (at most
         ``PORT_MOVES`` times). A node that dies for any other reason, or still after
         ``timeout``, raises ``SuperNodeDied`` with Flower's message from its log
-        (``flower_error``)."""
+        (``flower_error``). A node in ``recorded`` starts with its own command line
+        (``start_supernode``)."""
         began = time.monotonic()
         deadline = began + timeout
-        started = {i: self._launch(i, **node_config) for i in indices}
+        recorded = recorded or {}
+        configs = {i: {**node_config, "recorded": recorded.get(i)} for i in indices}
+        started = {i: self._launch(i, **configs[i]) for i in indices}
         self._until_ready(started)
         alive = {}
         for i, (mark, proc) in started.items():
@@ -378,7 +402,7 @@ class Federation:
                 if PORT_TAKEN in said and moves < PORT_MOVES and not late:
                     self._taken.add(self.runtime_ports[i])
                     moves += 1
-                    mark, proc = self._launch(i, **node_config)
+                    mark, proc = self._launch(i, **configs[i])
                     self._until_ready({i: (mark, proc)})
                     continue
                 if ACTIVATION_REFUSED not in said or late:
@@ -401,7 +425,7 @@ class Federation:
                     )
                     told = True
                 time.sleep(RETRY_S)
-                mark, proc = self._launch(i, **node_config)
+                mark, proc = self._launch(i, **configs[i])
                 self._until_ready({i: (mark, proc)})
             alive[i] = proc
         return alive
@@ -464,17 +488,31 @@ class Federation:
         """Everything ``python -m pflower.deploy up`` starts, reusing what already runs
         (a second ``up`` on the same directory changes nothing); returns what it did, and
         passes each line to ``say`` as it happens (the command prints them: a failure later
-        on does not hide what was done before it)."""
+        on does not hide what was done before it).
+
+        It checks every process this federation owns (``pids.json``: the SuperLink, the
+        gateway, each SuperNode, each warm SuperExec) and starts one that has died again with
+        the command line it was started with, one line each ("had died (pid N); started
+        again"): a SuperLink or a gateway killed mid-run, a SuperNode (with its warm SuperExec,
+        as it was), a warm SuperExec beside a living SuperNode (``restart_warm_exec``)."""
         said = _Said(say)
         self.prepare()
         for label, start in (("superlink", self.start_superlink), ("gateway", self.start_gateway)):
+            entry = self.entries.get(label)
             if self.running(label):
-                said.append(f"{label}: already running (pid {self.entries[label]['pid']})")
+                said.append(f"{label}: already running (pid {entry['pid']})")
+            elif entry is not None:
+                start(command=list(entry["command"]))
+                said.append(
+                    f"{label}: had died (pid {entry['pid']}); started again "
+                    f"(pid {self.entries[label]['pid']})"
+                )
             else:
                 start()
                 said.append(f"{label}: started (pid {self.entries[label]['pid']})")
-        starting = []
-        for i in range(self.supernodes):
+        starting, recorded = [], {}
+        owned = {int(k.removeprefix("supernode-")) for k in self.entries if _SUPERNODE.match(k)}
+        for i in sorted(owned | set(range(self.supernodes))):
             label = f"supernode-{i}"
             if self.running(label):
                 said.append(f"{label}: already running (pid {self.entries[label]['pid']})")
@@ -482,6 +520,9 @@ class Federation:
                 if warm_exec is not None:
                     said.append(warm_exec)
                 continue
+            if label in self.entries:  # it died: as it was, once what is left of it stops
+                recorded[i] = Recorded.of(self.entries, i)
+                self.stop(label)  # its warm SuperExec (serving a dead node), its children
             flower = self.register(i)
             again = ALREADY_REGISTERED in flower.lower()
             done = "key already registered" if again else "key registered"
@@ -489,13 +530,14 @@ class Federation:
             starting.append(i)
         # started only once alive after SETTLE_S (and listening, within READY_S);
         # SuperNodeDied (Flower's words) otherwise
-        for i, proc in self.start_supernodes(starting).items():
+        for i, proc in self.start_supernodes(starting, recorded=recorded).items():
             where = (
                 f", Runtime API on 127.0.0.1:{self.runtime_ports[i]}" if self.listening(i) else ""
             )
-            said.append(
-                f"supernode-{i}: started (pid {proc.pid}, alive after {SETTLE_S:g} s{where})"
-            )
+            how = "started" if i not in recorded else (
+                f"had died (pid {recorded[i].pid}); started again"
+            )  # fmt: skip
+            said.append(f"supernode-{i}: {how} (pid {proc.pid}, alive after {SETTLE_S:g} s{where})")
         return said
 
     def restart_warm_exec(self, i: int) -> str | None:
@@ -558,6 +600,40 @@ class Federation:
     def _save_pids(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         _write(self.root / "pids.json", json.dumps(self.entries, indent=1).encode())
+
+
+class Recorded(NamedTuple):
+    """A dead SuperNode as ``pids.json`` recorded it: its pid, its command line and its warm
+    SuperExec's (None where it had none)."""
+
+    pid: int
+    supernode: list[str]
+    warm_exec: list[str] | None
+
+    @classmethod
+    def of(cls, entries: Mapping[str, dict], i: int) -> Recorded:
+        node, beside = entries[f"supernode-{i}"], entries.get(f"warm-exec-{i}")
+        return cls(
+            int(node["pid"]),
+            list(node["command"]),
+            None if beside is None else list(beside["command"]),
+        )
+
+
+#: a SuperNode's label in ``pids.json``
+_SUPERNODE = re.compile(r"^supernode-\d+$")
+
+
+def _value(command: list[str], flag: str) -> str | None:
+    """The value after ``flag`` in ``command``, None where it has none."""
+    at = command.index(flag) if flag in command else len(command)
+    return command[at + 1] if at + 1 < len(command) else None
+
+
+def _with(command: list[str], flag: str, value: str) -> list[str]:
+    """``command`` with ``flag``'s value set to ``value`` (as it is where it has no ``flag``)."""
+    at = command.index(flag) if flag in command else len(command)
+    return [*command[: at + 1], value, *command[at + 2 :]] if at + 1 < len(command) else command
 
 
 class _Said(list):

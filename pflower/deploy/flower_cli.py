@@ -13,10 +13,12 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-#: the ``--database`` that gives a SuperLink Flower's in-memory state (Flower 1.41:
-#: ``flwr.supercore.constant.FLWR_IN_MEMORY_DB_NAME``, also its default)
-FLWR_IN_MEMORY_DB_NAME = ":flwr-in-memory:"
-
+from pflower.flower.texts import (
+    ALREADY_REGISTERED,
+    FLWR_IN_MEMORY_DB_NAME,
+)
+from pflower.flower.texts import BOX as _BOX
+from pflower.flower.texts import LOG_RECORD as _LOG_RECORD
 
 #: the oldest Flower the deployment kit was checked on: with flwr 1.35 the SuperLink starts, but
 #: that release's ``flwr`` CLI cannot reach it through the connection the kit writes (the
@@ -116,17 +118,7 @@ def warm_exec_command(
     ]  # fmt: skip
 
 
-#: Flower's answer when a public key is registered a second time
-ALREADY_REGISTERED = "already in use"
-#: Flower's answer to a SuperNode whose key still has a session the SuperLink counts as
-#: online (a node killed without signing off, until its heartbeat lapses)
-ACTIVATION_REFUSED = "Failed to activate SuperNode"
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-#: the characters of the box the ``flwr`` CLI (rich) draws around its errors
-_BOX = "╭╮╰╯│─┌┐└┘├┤━┃"
-#: a line of Flower's log that starts a new record ("ERROR :     Exit Code: 305")
-_LOG_RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*:\s*")
 
 
 def flower_said(text: str) -> str:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from pflower.flower.texts import FLEET_API  # the paths the gateway forwards
+
 
 def gateway_command(creds: Path, listen: str, superlink: str) -> list[str]:
     """The Fleet gateway (``gateway``) as a process: ``python -m pflower.deploy gateway``."""
@@ -16,8 +18,6 @@ def gateway_command(creds: Path, listen: str, superlink: str) -> list[str]:
     ]  # fmt: skip
 
 
-#: the paths the gateway forwards: Flower's Fleet API (what a SuperNode calls)
-FLEET_API = "/v1/fleet/"
 _HOP_HEADERS = frozenset(
     {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te",
      "trailer", "upgrade", "proxy-connection", "content-encoding"}

@@ -41,10 +41,15 @@ def main(argv: list[str] | None = None) -> None:
         cap_pull_backoff(args.poll_interval)
     except (ValueError, RuntimeError) as err:
         parser.error(str(err))
-    from flwr.supernode.cli import flower_supernode
+    from pflower.flower import FlowerDrift
+    from pflower.flower.cli import flower_supernode
 
+    try:
+        flower = flower_supernode()
+    except FlowerDrift as err:
+        parser.error(str(err))
     sys.argv = ["flower-supernode", *flower_args]
-    sys.exit(flower_supernode())
+    sys.exit(flower())
 
 
 if __name__ == "__main__":

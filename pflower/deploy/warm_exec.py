@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import inspect
 import os
 import pickle
 import shutil
@@ -54,6 +53,8 @@ from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
 
 from pflower.flower import CHECKED, FlowerDrift
+from pflower.flower import superexec as flower
+from pflower.flower.superexec import cannot_warm
 from pflower.flower.waits import cap_pull_backoff
 
 #: imported in the zygote before any fork: what a fresh flwr-clientapp spends its start on,
@@ -63,8 +64,7 @@ from pflower.flower.waits import cap_pull_backoff
 WARM_IMPORTS = (
     "torch",
     "torch._dynamo",
-    "flwr.supernode.runtime.run_clientapp",
-    "flwr.supercore.tls",
+    *flower.TASK_MODULES,
     "pflower.client_app",
 )
 #: the same where installed (their extras are optional): the libraries of the data sets and
@@ -118,17 +118,6 @@ def _adopt(path: Path) -> None:
     client_arrays.adopt(items)
 
 
-#: what ``_run_task`` passes Flower's ``run_clientapp`` (checked by ``cannot_warm``)
-RUN_CLIENTAPP_KEYWORDS = (
-    "runtime_api_address",
-    "token",
-    "insecure",
-    "certificates",
-    "parent_pid",
-    "runtime_dependency_install",
-)
-
-
 def _note(path: Path, **fields) -> None:
     """Add ``fields`` to the progress record at ``path`` (whole, or not at all)."""
     try:
@@ -157,66 +146,27 @@ def _record_progress(progress: Path) -> None:
     ``run_clientapp`` has pulled them, its message (without content) as soon as it is taken
     (before its arrays are pulled: the longest part of a fork's life on loopback), and when
     its reply's push starts and ends, so that the zygote can answer for a child that dies
-    (``answer_for``). Wraps, in this child only (checked by ``cannot_warm``), the Runtime API
-    client ``run_clientapp`` builds and its ``push_message``."""
-    from flwr.common.serde import message_from_proto
-    from flwr.supernode.runtime import run_clientapp as flower
-
-    push = flower.push_message
-
-    class NotingClient(flower.RuntimeHttpClient):
-        def PullTaskInput(self, request):
-            res = super().PullTaskInput(request)
-            _note(progress, run=res.run.run_id, task=res.task_id, node=res.context.node_id)
-            return res
-
-        def PullMessages(self, request):
-            res = super().PullMessages(request)
-            if res.messages_list:
-                message = message_from_proto(res.messages_list[0])
-                # as Flower's pull_task_input: a message's id is its tree's root
-                message.metadata.__dict__["_message_id"] = res.message_object_trees[0].object_id
-                _note(progress, message=message)
-            return res
-
-        def PushMessages(self, request):
-            _note(progress, pushing=True)
-            return super().PushMessages(request)
-
-    def push_message(client, message, context):
-        push(client, message, context)
-        _note(progress, pushed=True)
-
-    flower.RuntimeHttpClient, flower.push_message = NotingClient, push_message
-
-
-#: what ``_record_progress`` wraps and ``answer_for`` calls in Flower's run_clientapp module
-RUN_CLIENTAPP_HOOKS = ("RuntimeHttpClient", "push_message", "push_task_output")
+    (``answer_for``). Through ``pflower.flower.superexec.note_progress`` (checked by
+    ``cannot_warm``), in this child only."""
+    flower.note_progress(
+        pulled_task=lambda run, task, node: _note(progress, run=run, task=task, node=node),
+        took_message=lambda message: _note(progress, message=message),
+        pushing=lambda: _note(progress, pushing=True),
+        pushed=lambda: _note(progress, pushed=True),
+    )
 
 
 def _run_task(spec: dict, hand_back: Path | None = None, progress: Path | None = None) -> int:
     """One task, in a forked child: Flower's ``run_clientapp``; its exit code. With
     ``hand_back``, the data arrays it loaded are written there (``_hand_back``); with
     ``progress``, how far it got (``_record_progress``)."""
-    from flwr.supercore.tls import validate_and_resolve_root_certificates
-    from flwr.supernode.runtime.run_clientapp import run_clientapp
-
     from pflower.task.data.loaders import client_arrays
 
     known = {k for k, _ in client_arrays.items()}
     if progress is not None:
         _record_progress(progress)
     try:
-        run_clientapp(
-            runtime_api_address=spec["runtime_api_address"],
-            token=spec["token"],
-            insecure=spec["insecure"],
-            certificates=validate_and_resolve_root_certificates(
-                spec["root_certificates_path"], spec["insecure"]
-            ),
-            parent_pid=spec["parent_pid"],
-            runtime_dependency_install=spec["runtime_dependency_install"],
-        )
+        flower.run_task(spec)
     except SystemExit as done:  # run_clientapp ends with Flower's flwr_exit
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     except BaseException:  # never a silent exit: the SuperExec's log says why the task failed
@@ -246,27 +196,6 @@ def _say(line: str) -> None:
     print(f"pflower warm SuperExec: {line}", file=sys.stderr, flush=True)
 
 
-def _runtime_client(spec: dict):
-    """A client of the SuperNode's Runtime API with a task's token, as Flower's
-    ``run_clientapp`` builds it (one try per call: a dead task's answer must not hang)."""
-    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor
-    from flwr.supercore.retry import make_simple_http_retry_invoker
-    from flwr.supercore.runtime import RuntimeHttpClient
-    from flwr.supercore.tls import validate_and_resolve_root_certificates
-
-    retry_invoker = make_simple_http_retry_invoker()
-    retry_invoker.max_tries = 3
-    return RuntimeHttpClient.from_server_address(
-        server_address=spec["runtime_api_address"],
-        insecure=spec["insecure"],
-        root_certificates=validate_and_resolve_root_certificates(
-            spec["root_certificates_path"], spec["insecure"]
-        ),
-        interceptors=[RuntimeTokenHttpInterceptor(spec["token"])],
-        retry_invoker=retry_invoker,
-    )
-
-
 def answer_for(spec: dict, record: dict, how: str, client=None) -> str:
     """For a task whose child died (``how``: ``killed by SIGKILL``) before it answered: what
     Flower's ``run_clientapp`` does for a ClientApp that fails — an error reply to the task's
@@ -289,32 +218,19 @@ def answer_for(spec: dict, record: dict, how: str, client=None) -> str:
             "the rest of it, and this node runs nothing more until it is restarted "
             "(`pflower deploy down` + `up`)"
         )
-    from flwr.app import Context, Error, Message, RecordDict
-    from flwr.common.constant import ErrorCode, SubStatus
-    from flwr.common.serde import message_from_proto
-    from flwr.proto.runtime_pb2 import PullAppMessagesRequest  # pylint: disable=E0611
-    from flwr.supernode.runtime import run_clientapp as flower
-
-    client = client or _runtime_client(spec)
+    client = client or flower.runtime_client(spec)
     message = record.get("message")
     if message is None:  # it died before it took its message: take it, to answer it
-        pulled = client.PullMessages(PullAppMessagesRequest())
-        if pulled.messages_list:
-            message = message_from_proto(pulled.messages_list[0])
+        message = flower.take_message(client)
     if message is None:
         return (
             "its message could not be taken back; Flower's SuperNode answers for it once the "
             "task's heartbeat lapses (30-60 s: a task not started is handed out again, a started "
             "one answered 'ClientApp stopped responding')"
         )
-    reason = f"the ClientApp's process was {how} (pflower warm SuperExec)"
-    reply = Message(Error(code=ErrorCode.CLIENT_APP_CRASHED, reason=reason), reply_to=message)
-    context = Context(
-        run_id=message.metadata.run_id, node_id=message.metadata.dst_node_id,
-        node_config={}, state=RecordDict(), run_config={},
-    )  # fmt: skip
-    flower.push_message(client, reply, context)
-    flower.push_task_output(client, None, SubStatus.FAILED, reason)
+    flower.answer_failed(
+        client, message, f"the ClientApp's process was {how} (pflower warm SuperExec)"
+    )
     return "answered with an error reply to its message (the server drops it: this round only)"
 
 
@@ -491,22 +407,7 @@ class ForkExecutor:
         del task_type, fab_hash, insecure, root_certificates_path
 
     def launch(self, spec):
-        from flwr.supercore.constant import TaskType
-        from flwr.supercore.superexec.executor.types import LaunchResult
-
-        if spec.task_type != TaskType.CLIENT_APP:  # a SuperNode only asks for ClientApps
-            return LaunchResult.failed(f"the warm executor runs ClientApps, not {spec.task_type}")
-        self.submit(
-            {
-                "runtime_api_address": spec.runtime_api_address,
-                "token": spec.token,
-                "insecure": spec.insecure,
-                "root_certificates_path": spec.root_certificates_path,
-                "parent_pid": spec.parent_pid,
-                "runtime_dependency_install": spec.runtime_dependency_install,
-            }
-        )
-        return LaunchResult.accepted()
+        return flower.launch(spec, self.submit)
 
     def submit(self, task: dict) -> None:
         """Hand ``task`` to the zygote; to a new one where it has died."""
@@ -555,14 +456,12 @@ def main(argv=None) -> None:
             cap_pull_backoff(args.poll_interval)
         except (ValueError, RuntimeError) as err:
             p.error(str(err))
-    from flwr.supercore.superexec import run_superexec as superexec
-
+    superexec = flower.superexec_module()
     # the zygote first, while this process has no thread: run_superexec then starts its own
     reason = cannot_warm(superexec)
     if reason is None:
         try:
-            executor = ForkExecutor()
-            superexec.get_executor = lambda *a, **k: executor
+            flower.use_executor(superexec, ForkExecutor())
         except FlowerDrift as err:
             reason = str(err)
     if reason is not None:  # Flower's own SuperExec: a fresh flwr-clientapp per task
@@ -580,29 +479,6 @@ def main(argv=None) -> None:
         parent_pid=args.parent_pid,
         runtime_dependency_install=args.allow_runtime_dependency_installation,
     )
-
-
-def cannot_warm(superexec) -> str | None:
-    """Why this Flower's SuperExec cannot take the fork executor, or None: it must read
-    ``get_executor`` from its module (pflower's hook), and ``run_clientapp`` must take the
-    keywords ``_run_task`` calls it with."""
-    try:
-        if "get_executor(" not in inspect.getsource(superexec.run_superexec):
-            return "this Flower's run_superexec no longer asks get_executor for its executor"
-        from flwr.supercore.tls import validate_and_resolve_root_certificates  # noqa: F401
-        from flwr.supernode.runtime.run_clientapp import run_clientapp
-
-        inspect.signature(run_clientapp).bind(**dict.fromkeys(RUN_CLIENTAPP_KEYWORDS))
-        from flwr.supernode.runtime import run_clientapp as module
-
-        missing = [n for n in RUN_CLIENTAPP_HOOKS if not callable(getattr(module, n, None))]
-        if missing:
-            return f"this Flower's run_clientapp module has no {missing[0]}"
-    except TypeError as err:
-        return f"this Flower's run_clientapp takes other arguments ({err})"
-    except Exception as err:  # moved, renamed, shipped without source
-        return f"this Flower's SuperExec is not the one checked ({type(err).__name__}: {err})"
-    return None
 
 
 if __name__ == "__main__":

@@ -25,13 +25,26 @@ adapter                   touches (Flower 1.41)                          when it
 ``dp``                    ``flwr.supercore.differential_privacy``'s      a DP run is refused at
                           clip and noise helpers (Flower's, not          start, naming the
                           re-implemented)                                module
+``cli``                   ``flwr.common.config``'s run-config parser;    ``pflower run`` skips
+                          ``flwr.cli.flower_config`` (the connection     its check (warning);
+                          writer); ``flwr.supernode.cli``'s              the kit's commands
+                          ``flower_supernode``                           refuse, by name
+``superexec``             ``run_superexec``'s ``get_executor`` hook,     the warm SuperExec
+                          ``run_clientapp`` (its keywords, its Runtime   says why, and Flower's
+                          API client, ``push_message``,                  own SuperExec runs
+                          ``push_task_output``), ``flwr.supercore``'s    (cold); a failing task
+                          TLS, interceptor, retry and executor types     prints its traceback
+``texts``                 words Flower prints that the deployment kit    the kit reports
+                          reads ("Failed to activate SuperNode",         Flower's own error,
+                          "already in use", "SuperNode ID:", ...)        unexplained
 ========================  =============================================  =====================
 
-The deployment kit's touches of Flower's CLI and SuperExec (``pflower.deploy``: the warm
-SuperExec's executor hook, ``flwr.cli``'s connection writer, texts Flower prints) and the
-in-process ``LocalGrid`` of the tests and benchmarks (``pflower.experiments.local_grid``) are
-listed in ``docs/flower-boundary.md`` with theirs; ``tests/test_flower_boundary.py`` takes
-each internal away and checks the fallback.
+The deployment kit (``pflower.deploy``) reaches Flower through ``cli``, ``superexec``,
+``texts`` and ``waits``, and drives Flower's processes and ``flwr`` CLI by their public
+commands; the in-process ``LocalGrid`` of the tests and benchmarks
+(``pflower.experiments.local_grid``) has touches of its own. ``docs/flower-boundary.md``
+lists every touch; ``tests/test_flower_boundary.py`` takes each internal away and checks the
+fallback.
 """
 
 from __future__ import annotations

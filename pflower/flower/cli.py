@@ -43,6 +43,49 @@ def parse_config_args(items: list[str] | None) -> dict:
     return _flowers("parse_config_args")(items)
 
 
+#: Flower's writer of the ``flwr`` CLI's configuration (``FLWR_HOME/config.toml``) and its
+#: connection type: the deployment kit's ``connection`` writes with them, so that the file is
+#: the one this Flower's CLI reads (a hand-written file drifted from it once: 1.35's layout)
+CONFIG_MODULES = ("flwr.cli.flower_config", "flwr.cli.typing")
+
+
+def write_connection(name: str, address: str, root_certificates: str) -> None:
+    """Add (or replace) the SuperLink connection ``name`` (TLS, trusting
+    ``root_certificates``) in the Flower configuration ``FLWR_HOME`` points at, and make it
+    the default, with Flower's own writer; ``FlowerDrift`` naming what moved, for the kit's
+    commands to refuse by name."""
+    try:
+        config, typing = (importlib.import_module(m) for m in CONFIG_MODULES)
+        write = config.write_superlink_connection
+        default = config.set_default_superlink_connection
+        connection = typing.SuperLinkConnection
+    except (ImportError, AttributeError) as err:
+        raise FlowerDrift(
+            f"Flower's flwr CLI configuration writer ({', '.join(CONFIG_MODULES)}) is not where "
+            f"Flower 1.41 has it ({type(err).__name__}: {err}); the deployment kit cannot write "
+            "the flwr CLI's connection with this Flower"
+        ) from err
+    write(connection(name, address=address, root_certificates=root_certificates, insecure=False))
+    default(name)
+
+
+#: Flower's SuperNode entry point (the ``flower-supernode`` command's function)
+SUPERNODE_MODULE = "flwr.supernode.cli"
+
+
+def flower_supernode():
+    """Flower's ``flower_supernode`` (it reads ``sys.argv``); ``FlowerDrift`` naming the module
+    where an upgrade moved it (``python -m pflower.deploy.supernode`` then refuses by name)."""
+    try:
+        return importlib.import_module(SUPERNODE_MODULE).flower_supernode
+    except (ImportError, AttributeError) as err:
+        raise FlowerDrift(
+            f"Flower's {SUPERNODE_MODULE}.flower_supernode, the flower-supernode command, is not "
+            f"where Flower 1.41 has it ({type(err).__name__}: {err}); run flower-supernode "
+            "without --poll-interval"
+        ) from err
+
+
 def with_own_bin(environ) -> dict[str, str]:
     """``environ`` with this Python's ``bin/`` first on ``PATH``: Flower's processes start
     theirs (``flower-superexec``, ``flwr-clientapp``, the local SuperLink) from ``PATH``, so a
