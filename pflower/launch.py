@@ -12,7 +12,10 @@ the command still exits 0). And the SuperLink refuses a key the app does not dec
 ``pflower run`` checks the run config offline first (for pflower's own app: the ServerApp
 component ``pflower.server_app:app``), runs ``flwr run <app> [<superlink>] --stream ...`` with
 the same arguments, reads the run's final status (``flwr ls --run-id N --format json``), and
-exits with
+exits with the codes below. ``pflower run .`` is the README's main job: unless the user says
+otherwise it runs the README's federation (``DEFAULT_FEDERATION_CONFIG``) with its environment
+(``FLOWER_ENV``), and its console reduces each traceback to the line that explains it
+(``ConsoleLog``; the whole log goes to ``~/pflower/logs``). It exits with
 
 - 0: the run finished ``completed``;
 - 1: it finished ``failed`` or ``stopped`` (one line: Flower's status details, e.g. the
@@ -34,7 +37,7 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pflower.config import Config, ConfigError
@@ -47,6 +50,16 @@ PFLOWER_SERVERAPP = "pflower.server_app:app"
 COMPLETED, FAILED, REFUSED = 0, 1, 2
 #: how long a run's status may take to read "finished" after its log stream ended
 STATUS_WAIT_S = 30.0
+#: what the README's main command sets for Flower's processes, set by ``pflower run`` unless
+#: the user's environment sets them: no telemetry (no connection outside this machine), and no
+#: per-run environment (Flower 1.41's local SuperLink otherwise runs ``uv sync`` for every run
+#: and installs the app's dependencies afresh: 38 s and another torch than the pinned one)
+FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+#: the README's federation, ``pflower run``'s when the user names none (no SuperLink
+#: connection, ``--federation`` or ``--federation-config``): 10 simulated SuperNodes, as the
+#: app's data is partitioned for 10 clients; Flower's own default is 2 (1 trained per round at
+#: fraction-train 0.5: numbers that mean nothing)
+DEFAULT_FEDERATION_CONFIG = "num-supernodes=10 client-resources-num-cpus=1"
 
 
 def _flwr() -> str:
@@ -101,6 +114,76 @@ def check_config(app: str | Path, run_config: Sequence[str]) -> Config:
     return cfg
 
 
+#: where ``pflower run`` keeps each run's whole streamed log (its console leaves tracebacks out)
+LOG_DIR = Path("~/pflower/logs")
+#: colour codes of Flower's log levels
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: a Flower log record's first line: its level, then a colon
+LEVEL = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*:\s*")
+#: lines that open or continue a Python or Ray traceback, with or without a level
+TRACEBACK = re.compile(
+    r"^(Traceback \(most recent call last\):|The above exception was the direct cause|"
+    r"During handling of the above exception|An exception was raised when processing a "
+    r"message by \w+Backend|ray::\w+\.\w+\(\)|Exception \w+ occurred\. Message:)"
+)
+#: an exception's own line: its (dotted) type, a colon, its message
+EXCEPTION = re.compile(r"^((?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|Mismatch|Failed|Exit))"
+                       r"(?:\([\w.]*\))?:\s*(.*)$")  # fmt: skip
+#: exceptions that only wrap the ClientApp's own (its message repeats the cause's)
+WRAPPERS = ("ClientAppException", "RayTaskError")
+#: Flower 1.41's warning at every simulation run, whatever its size
+DEFAULT_SIZE_WARNING = "default simulated SuperNodes changed from 10 to 2"
+
+
+class ConsoleLog:
+    """``pflower run``'s console: the streamed log with each Python / Ray traceback reduced to
+    the one line that explains it (the exception's own line, the first time it is seen;
+    a ClientApp's error in Flower's simulation engine is 60-odd lines, once per message), and
+    every line, tracebacks included, in the file ``path``. With the federation's size given
+    (``sized``), Flower 1.41's warning that its default size changed is left out too: it is
+    printed whatever the size, and the next line states the run's."""
+
+    def __init__(self, path: Path, sized: bool = False) -> None:
+        self.path, self.sized = path, sized
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = self.path.open("w")
+        self.in_traceback = False
+        self.explained: set[str] = set()
+        self.left_out = 0
+
+    def shown(self, line: str) -> str | None:
+        """What the console shows of a log line (``None``: nothing); the file gets it all."""
+        self.file.write(line)
+        plain = ANSI.sub("", line).rstrip("\n")
+        body = LEVEL.sub("", plain)
+        if self.sized and DEFAULT_SIZE_WARNING in body:
+            return None
+        noise = bool(TRACEBACK.match(body)) or (
+            self.in_traceback and plain == body and (not plain.strip() or plain[:1].isspace())
+        )
+        found = EXCEPTION.match(body) if (noise or self.in_traceback) else None
+        if not (noise or found):
+            # a log record may arrive inside a traceback (the engine's threads interleave):
+            # only a line of the run's own output ends it
+            self.in_traceback = self.in_traceback and plain != body
+            return line
+        self.in_traceback = True
+        self.left_out += 1
+        if found and not found.group(1).endswith(WRAPPERS):
+            said = f"{found.group(1)}: {found.group(2)}".strip()
+            if said not in self.explained:
+                self.explained.add(said)
+                return f"pflower run: raised (traceback left out): {said}\n"
+        return None
+
+    def close(self) -> str | None:
+        """The closing line naming the file, where tracebacks were left out."""
+        self.file.close()
+        if not self.left_out:
+            return None
+        return f"pflower run: {self.left_out} traceback lines left out; the whole log: {self.path}"
+
+
 #: how Flower 1.35-1.41 announce the run they submitted (``flwr run``); ``newest_run`` where not
 RUN_STARTED = re.compile(r"Successfully started run (\d+)")
 
@@ -147,10 +230,39 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("superlink", nargs="?", default=None, help="the SuperLink connection")
     p.add_argument("--run-config", "-c", action="append", default=[], help="as for flwr run")
     p.add_argument("--federation", default=None, help="as for flwr run")
-    p.add_argument("--federation-config", action="append", default=[], help="as for flwr run")
+    p.add_argument(
+        "--federation-config",
+        action="append",
+        default=[],
+        help=f'as for flwr run (default, with no federation named: "{DEFAULT_FEDERATION_CONFIG}")',
+    )
     p.add_argument("--stream", action="store_true", help="accepted; the log is always streamed")
     p.add_argument("--no-check", action="store_true", help="skip the offline run-config check")
     return p
+
+
+def flwr_command(args: argparse.Namespace) -> list[str]:
+    """The ``flwr run ... --stream`` command for ``pflower run``'s arguments: the user's, and
+    ``DEFAULT_FEDERATION_CONFIG`` where they name no federation (a deployment SuperLink
+    ignores a federation config: Flower applies it to simulation runs only)."""
+    command = [_flwr(), "run", args.app, *([args.superlink] if args.superlink else []), "--stream"]
+    for item in args.run_config:
+        command += ["--run-config", item]
+    for item in args.federation_config:
+        command += ["--federation-config", item]
+    if args.federation:
+        command += ["--federation", args.federation]
+    if not (args.superlink or args.federation or args.federation_config):
+        command += ["--federation-config", DEFAULT_FEDERATION_CONFIG]
+    return command
+
+
+def flower_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of ``flwr run`` and the local SuperLink it starts: ``environ`` with
+    ``FLOWER_ENV``'s values where it does not set them, and this environment's ``bin/`` first
+    on ``PATH`` (Flower before 1.40 starts its local SuperLink as ``flower-superlink`` from
+    ``PATH``, so a venv's ``pflower run`` without the venv activated would not find it)."""
+    return with_own_bin({**FLOWER_ENV, **environ})
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -172,26 +284,27 @@ def run(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-    command = [_flwr(), "run", args.app, *([args.superlink] if args.superlink else []), "--stream"]
-    for item in args.run_config:
-        command += ["--run-config", item]
-    for item in args.federation_config:
-        command += ["--federation-config", item]
-    if args.federation:
-        command += ["--federation", args.federation]
+    command = flwr_command(args)
+    if command[-2:] == ["--federation-config", DEFAULT_FEDERATION_CONFIG]:
+        print(
+            f'pflower run: --federation-config "{DEFAULT_FEDERATION_CONFIG}" (the README\'s '
+            "federation; give --federation-config or --federation to change it)",
+            flush=True,
+        )
     run_id = None
-    # this environment's bin/ first on PATH: Flower before 1.40 starts its local SuperLink as
-    # ``flower-superlink`` from PATH, not from next to its own Python, so a venv's pflower run
-    # without the venv activated would not find it
-    env = with_own_bin(os.environ)
+    env = flower_env(os.environ)
+    sized = any("num-supernodes" in item for item in command[command.index("--stream") :])
+    console = ConsoleLog(LOG_DIR.expanduser() / time.strftime("run-%Y%m%d-%H%M%S.log"), sized)
     proc = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
     )
     superlink_said = None  # what a local SuperLink that did not start said (its own log)
     try:
         for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
+            shown = console.shown(line)
+            if shown is not None:
+                sys.stdout.write(shown)
+                sys.stdout.flush()
             found = RUN_STARTED.search(line)
             if found and run_id is None:
                 run_id = int(found.group(1))
@@ -202,6 +315,10 @@ def run(argv: Sequence[str] | None = None) -> int:
         where = f"run {run_id} goes on (flwr log {run_id}; flwr stop {run_id})" if run_id else ""
         print(f"\npflower run: stopped following the log; {where}".rstrip("; "), file=sys.stderr)
         return 130
+    finally:
+        closing = console.close()
+        if closing:
+            print(closing, flush=True)
     if code != 0:
         if superlink_said:
             print(f"pflower run: {superlink_said}", file=sys.stderr, flush=True)

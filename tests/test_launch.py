@@ -21,6 +21,12 @@ ROOT = Path(__file__).parents[1]
 PFLOWER = str(Path(sys.executable).parent / "pflower")
 
 
+@pytest.fixture(autouse=True)
+def logs_in_tmp(tmp_path, monkeypatch):
+    """``pflower run``'s whole logs in the test's directory, not the user's ~/pflower/logs."""
+    monkeypatch.setattr(launch, "LOG_DIR", tmp_path / "logs")
+
+
 def test_check_config_names_the_key_the_value_and_what_is_allowed(capsys):
     with pytest.raises(ConfigError, match=r"'robust-aggregator' = 'krun'.*did you mean 'krum'"):
         launch.check_config(ROOT, ["robust-aggregator='krun'"])
@@ -158,3 +164,96 @@ def test_a_local_superlink_that_does_not_start_is_explained(tmp_path, monkeypatc
     flwr.write_text("#!/bin/bash\necho 'Error: the app has no pyproject.toml'\nexit 1\n")
     assert launch.run([str(Path(__file__).parents[1])]) == 1
     assert "the local SuperLink said" not in capsys.readouterr().err
+
+
+def test_pflower_run_sets_what_the_readme_s_command_sets(monkeypatch):
+    """Issue 49, item 1: ``pflower run .`` is the README's main job: telemetry off and no
+    per-run dependency installation unless the user's environment says otherwise, and the
+    README's federation (10 simulated SuperNodes) unless the user names one."""
+    env = launch.flower_env({"PATH": "/usr/bin"})
+    assert env["FLWR_TELEMETRY_ENABLED"] == "0"
+    assert env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    mine = launch.flower_env({"FLWR_TELEMETRY_ENABLED": "1", "PATH": ""})  # the user's stands
+    assert mine["FLWR_TELEMETRY_ENABLED"] == "1"
+
+    def command(*argv: str) -> list[str]:
+        return launch.flwr_command(launch._run_parser().parse_args(argv))[1:]
+
+    readme = ["--federation-config", "num-supernodes=10 client-resources-num-cpus=1"]
+    assert command(".") == ["run", ".", "--stream", *readme]
+    assert command(".", "-c", "lr=0.1") == ["run", ".", "--stream", "--run-config", "lr=0.1",
+                                            *readme]  # fmt: skip
+    # the user's federation, SuperLink connection or federation config: theirs alone
+    mine = ["--federation-config", "num-supernodes=3"]
+    assert command(".", *mine) == ["run", ".", "--stream", *mine]
+    assert command(".", "my-link") == ["run", ".", "my-link", "--stream"]
+    assert command(".", "--federation", "@a/b") == ["run", ".", "--stream", "--federation", "@a/b"]
+
+
+def test_pflower_run_hands_flower_the_readme_s_environment_and_federation(
+    tmp_path, monkeypatch, capsys
+):
+    """What reaches ``flwr run``: a fake ``flwr`` writes its arguments and environment, in a
+    shell whose environment sets neither variable (a fresh shell, as the issue ran it)."""
+    seen = tmp_path / "seen"
+    flwr = tmp_path / "flwr"
+    flwr.write_text(
+        f'#!/bin/bash\necho "$@" > {seen}\n'
+        f'echo "$FLWR_TELEMETRY_ENABLED $FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION" >> {seen}\n'
+        "exit 3\n"
+    )
+    flwr.chmod(0o755)
+    monkeypatch.setattr(launch, "_flwr", lambda: str(flwr))
+    for name in launch.FLOWER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert launch.run([str(ROOT)]) == 3  # flwr run's own code
+    argv, env = seen.read_text().splitlines()
+    assert argv == f"run {ROOT} --stream --federation-config {launch.DEFAULT_FEDERATION_CONFIG}"
+    assert env == "0 1"
+    assert "the README's federation" in capsys.readouterr().out
+
+
+def test_pflower_run_s_console_reduces_each_traceback_to_the_line_that_explains_it(tmp_path):
+    """Issue 49, item 4: a ClientApp that raises under Flower's simulation engine fills the
+    streamed log with Ray's tracebacks (60-odd lines per message, 880 in the issue's run).
+    ``pflower run`` shows each distinct cause once, keeps Flower's own records (the dropped
+    replies, the exit code) and writes every line to a file it names. The log is Flower
+    1.41's, from ``flwr run`` on a quickstart whose server runs PFLEGO and clients FedAlt."""
+    streamed = (Path(__file__).parent / "data" / "flwr_run_clientapp_error.log").read_text()
+    lines = streamed.splitlines(keepends=True)
+    console = launch.ConsoleLog(tmp_path / "logs" / "run.log", sized=True)
+    shown = [s for s in (console.shown(line) for line in lines) if s is not None]
+    closing = console.close()
+    text = launch.ANSI.sub("", "".join(shown))
+    assert "Traceback" not in text and 'File "' not in text and "^^^" not in text
+    assert "ray::" not in text and "ClientAppException" not in text
+    said = [s for s in shown if s.startswith("pflower run: raised")]
+    assert [s.split(": ", 3)[2] for s in said] == [
+        "pflower.wire.ConfigMismatch",
+        "pflower.strategies.checks.RunFailed",
+    ]
+    assert "the server runs algorithm 'pflego', this client 'fedalt'" in said[0]
+    # Flower's own records stay, each once, as the log has them
+    for record in ("round 1: dropped the reply of node", "Exit Code: 700",
+                   "(3 simulated SuperNodes)", "round 3: no usable reply"):  # fmt: skip
+        assert text.count(record) == launch.ANSI.sub("", streamed).count(record), record
+    # a record that arrives inside a traceback (the engine's threads interleave) does not
+    # end it: none of its blank or indented lines follow the record onto the console
+    rounds = text.split("[ROUND 1/3]")[1].split("Exit Code: 700")[0].splitlines()
+    assert all(launch.LEVEL.match(x) or x.startswith("pflower run: ") for x in rounds[1:])
+    # the default-size warning is left out where the run names its size, shown where not
+    assert launch.DEFAULT_SIZE_WARNING not in text
+    unsized = launch.ConsoleLog(tmp_path / "other.log")
+    assert any(launch.DEFAULT_SIZE_WARNING in (unsized.shown(x) or "") for x in lines)
+    # every line in the file; the closing line counts what the console left out
+    assert (tmp_path / "logs" / "run.log").read_text() == streamed
+    own = len(shown) - len(said)
+    assert closing == (
+        f"pflower run: {len(lines) - own - 1} traceback lines left out; "
+        f"the whole log: {tmp_path / 'logs' / 'run.log'}"
+    )
+    # a run without a traceback: the console is the log, and no closing line
+    clean = launch.ConsoleLog(tmp_path / "clean.log")
+    ok = ["INFO :      [ROUND 1/3]\n", "  indented output of the run itself\n", "| table |\n"]
+    assert [clean.shown(x) for x in ok] == ok and clean.close() is None
