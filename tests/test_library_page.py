@@ -121,8 +121,8 @@ def test_a_server_that_sends_the_personal_part_is_told_what_to_do(tmp_path, monk
     from page_app_forgot.task import Net
 
     strategy = FFGG(fraction_train=1.0, lr=0.1, max_failed_rounds=0, fraction_evaluate=0.5)
-    strategy.start(grid=LocalGrid(app, 3, RUN_CONFIG), initial_arrays=ArrayRecord(Net().state_dict()),
-                   num_rounds=1)  # fmt: skip
+    whole = ArrayRecord(Net().state_dict())
+    strategy.start(grid=LocalGrid(app, 3, RUN_CONFIG), initial_arrays=whole, num_rounds=1)
     dropped = strategy.history[0].dropped
     (reason,) = dropped
     assert dropped[reason] == 3, (len(strategy.history), dropped)
