@@ -68,18 +68,36 @@ def _flwr() -> str:
     return str(here) if here.exists() else (shutil.which("flwr") or "flwr")
 
 
+def _project(app: str | Path) -> tuple[dict, Path]:
+    path = Path(app).expanduser() / "pyproject.toml"
+    try:
+        return tomllib.loads(path.read_text()), path
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise ConfigError(f"cannot read the app's configuration {path}: {err}") from None
+
+
 def app_config(app: str | Path) -> tuple[dict, str | None]:
     """The app's run config as ``[tool.flwr.app.config]`` declares it (flat dashed keys) and its
     ServerApp component, from ``<app>/pyproject.toml``."""
     from pflower.flower.cli import flatten_dict
 
-    path = Path(app).expanduser() / "pyproject.toml"
-    try:
-        project = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise ConfigError(f"cannot read the app's configuration {path}: {err}") from None
-    flwr_app = project.get("tool", {}).get("flwr", {}).get("app", {})
+    flwr_app = _project(app)[0].get("tool", {}).get("flwr", {}).get("app", {})
     return flatten_dict(flwr_app.get("config", {})), flwr_app.get("components", {}).get("serverapp")
+
+
+def app_algorithms(app: str | Path) -> tuple[str, ...] | None:
+    """The algorithms a user's own ServerApp serves, as its ``pyproject.toml`` declares them
+    (``[tool.pflower] algorithms = ["fedalt", "apfl"]``; None: not declared). Flower's run
+    config holds scalars only, and which strategies a ServerApp builds is in its code: the
+    declaration lets ``pflower check-config`` / ``pflower run`` refuse another before the run
+    starts (``examples/quickstart``)."""
+    project, path = _project(app)
+    declared = project.get("tool", {}).get("pflower", {}).get("algorithms")
+    if declared is None:
+        return None
+    if not (isinstance(declared, list) and all(isinstance(a, str) for a in declared)):
+        raise ConfigError(f"{path}: [tool.pflower] algorithms = {declared!r}: a list of names")
+    return tuple(declared)
 
 
 def overrides_of(run_config: Sequence[str]) -> dict:
@@ -97,12 +115,30 @@ def overrides_of(run_config: Sequence[str]) -> dict:
 
 
 def check_config(app: str | Path, run_config: Sequence[str]) -> Config:
-    """The run config ``flwr run <app> --run-config ...`` would give pflower's ServerApp,
+    """The run config ``flwr run <app> --run-config ...`` would give the app's ServerApp,
     validated: a ``ConfigError`` names the key, the value and what is allowed, also for a key
-    Flower's SuperLink would refuse without naming it (one the app does not declare)."""
-    defaults, _ = app_config(app)
+    Flower's SuperLink would refuse without naming it (one the app does not declare).
+
+    pflower's own app (``PFLOWER_SERVERAPP``): every key is pflower's, an unknown one is named.
+    A user's own app (``docs/library.md``): the keys it declares that are pflower's are checked
+    as pflower's (they reach pflower's strategies and client halves), its own keys
+    (``hidden-units``) are left alone, and ``algorithm`` must be one its ServerApp serves
+    (``app_algorithms``) and pflower knows."""
+    defaults, serverapp = app_config(app)
     overrides = overrides_of(run_config)
-    cfg = Config.from_run_config({**defaults, **overrides})  # unknown keys named here
+    merged = {**defaults, **overrides}
+    if serverapp not in (PFLOWER_SERVERAPP, None):
+        serves = app_algorithms(app)
+        algorithm = merged.get("algorithm")
+        if serves is not None and algorithm is not None and algorithm not in serves:
+            raise ConfigError(
+                f"key 'algorithm' = {algorithm!r}: this app's ServerApp ({serverapp}) serves "
+                f"{', '.join(map(repr, serves))} ([tool.pflower] algorithms in "
+                f"{Path(app) / 'pyproject.toml'})"
+            )
+        pflowers = set(Config.model_fields) | {f.alias for f in Config.model_fields.values()}
+        merged = {k: v for k, v in merged.items() if k in pflowers}
+    cfg = Config.from_run_config(merged)  # unknown keys named here
     undeclared = [k for k in overrides if k not in defaults]
     if undeclared:  # a pflower key the app's pyproject.toml leaves out
         key = undeclared[0]
@@ -271,9 +307,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     local = not args.app.startswith("@")  # "@account/app": a remote app, no local config
     if local and not args.no_check:
         try:
-            _, serverapp = app_config(args.app)
-            if serverapp == PFLOWER_SERVERAPP:
-                check_config(args.app, args.run_config)
+            check_config(args.app, args.run_config)
         except ConfigError as err:
             print(f"pflower run: {err}", file=sys.stderr, flush=True)
             return REFUSED
@@ -377,8 +411,13 @@ def check(argv: Sequence[str] | None = None) -> int:
     except FlowerDrift as err:
         print(f"pflower check-config: cannot check: {err}", file=sys.stderr)
         return FAILED
-    defaults = Config.from_run_config(app_config(args.app)[0]).to_flat()
-    changed = {k: v for k, v in cfg.to_flat().items() if v != defaults.get(k)}
+    declared, serverapp = app_config(args.app)
+    if serverapp in (PFLOWER_SERVERAPP, None):  # what the run changes, the algorithm's too
+        defaults = Config.from_run_config(declared).to_flat()
+        changed = {k: v for k, v in cfg.to_flat().items() if v != defaults.get(k)}
+    else:  # a user's app: what the run config changes of its declared keys
+        given = overrides_of(args.run_config)
+        changed = {k: v for k, v in given.items() if v != declared.get(k)}
     said = ", ".join(f"{k}={v!r}" for k, v in changed.items()) or "the app's defaults"
     print(f"run config OK: {said}")
     return COMPLETED

@@ -257,3 +257,40 @@ def test_pflower_run_s_console_reduces_each_traceback_to_the_line_that_explains_
     clean = launch.ConsoleLog(tmp_path / "clean.log")
     ok = ["INFO :      [ROUND 1/3]\n", "  indented output of the run itself\n", "| table |\n"]
     assert [clean.shown(x) for x in ok] == ok and clean.close() is None
+
+
+def test_a_user_s_own_app_is_checked_on_pflower_s_keys_and_its_algorithms(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue 49, item 2: on a user's own app (examples/quickstart's pyproject, with a key of
+    its own), ``check-config`` and ``pflower run`` check the keys that are pflower's, leave the
+    app's own alone, and refuse an algorithm its ServerApp does not build a strategy for
+    (``[tool.pflower] algorithms``), before anything starts."""
+    quickstart = ROOT / "examples" / "quickstart"
+    text = (quickstart / "pyproject.toml").read_text()
+    (tmp_path / "pyproject.toml").write_text(text + "hidden-units = 64\n")
+    assert launch.app_algorithms(tmp_path) == ("fedalt", "apfl", "pflego")
+    launch.check_config(tmp_path, ["hidden-units=128 algorithm='apfl'"])  # the app's own key
+    with pytest.raises(ConfigError, match=r"'lr' = -1"):  # pflower's key, pflower's rule
+        launch.check_config(tmp_path, ["lr=-1"])
+    with pytest.raises(ConfigError, match=r"'widht' = 3: not declared in"):
+        launch.check_config(tmp_path, ["widht=3"])
+    served = r"'algorithm' = 'ffgg': this app's ServerApp \(quickstart_app.server_app:app\) serves"
+    with pytest.raises(ConfigError, match=served + r" 'fedalt', 'apfl', 'pflego'"):
+        launch.check_config(quickstart, ["algorithm='ffgg'"])
+    assert launch.check([str(tmp_path), "-c", "hidden-units=128"]) == launch.COMPLETED
+    assert capsys.readouterr().out == "run config OK: hidden-units=128\n"
+    # pflower run refuses before flwr runs (a flwr that would say otherwise is never called)
+    flwr = tmp_path / "flwr"
+    flwr.write_text("#!/bin/bash\necho ran\nexit 0\n")
+    flwr.chmod(0o755)
+    monkeypatch.setattr(launch, "_flwr", lambda: str(flwr))
+    assert launch.run([str(quickstart), "-c", "algorithm='ffgg'"]) == launch.REFUSED
+    out = capsys.readouterr()
+    assert "ran" not in out.out and out.err.startswith("pflower run: key 'algorithm' = 'ffgg'")
+    # an app that declares no algorithms: any that pflower knows
+    (tmp_path / "pyproject.toml").write_text(text.replace("[tool.pflower]", "[tool.other]"))
+    assert launch.app_algorithms(tmp_path) is None
+    launch.check_config(tmp_path, ["algorithm='ffgg'"])
+    with pytest.raises(ConfigError, match=r"'algorithm' = 'fgg'.*did you mean 'ffgg'"):
+        launch.check_config(tmp_path, ["algorithm='fgg'"])
