@@ -30,7 +30,14 @@ from pflower.report.results import (
     provenance,
     write,
 )
-from pflower.report.terminal import console, human_bytes, round_line, summary_table, wire_per_round
+from pflower.report.terminal import (
+    console,
+    human_bytes,
+    loss_note,
+    round_line,
+    summary_table,
+    wire_per_round,
+)
 from pflower.report.tracking import Tracker
 
 __all__ = [
@@ -44,6 +51,7 @@ __all__ = [
     "output_dir",
     "outputs_root",
     "provenance",
+    "loss_note",
     "round_line",
     "summary_table",
     "wire_per_round",
