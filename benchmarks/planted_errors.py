@@ -1110,6 +1110,18 @@ PLANTS = [
         [T + "test_outputs.py"],
     ),
     Plant(
+        "first hour: Flower's boxed SuperLink error is read line by line (never matches)",
+        "pflower/launch.py",
+        [("            if boxed:\n", "            if False:\n")],
+        [T + "test_launch.py"],
+    ),
+    Plant(
+        "first hour: a SuperLink log without an error line is taken as it is (no probe)",
+        "pflower/flower/cli.py",
+        [("    if not errors:  # Flower 1.41 sends", "    if False:  # Flower 1.41 sends")],
+        [T + "test_launch.py"],
+    ),
+    Plant(
         "first hour: labels.png's tallest bar touches the frame",
         "pflower/report/plots.py",
         [("        with_headroom(ax)\n", "")],

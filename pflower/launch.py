@@ -42,7 +42,7 @@ from pathlib import Path
 
 from pflower.config import Config, ConfigError
 from pflower.flower import FlowerDrift
-from pflower.flower.cli import superlink_failure, with_own_bin
+from pflower.flower.cli import ErrorBox, superlink_failure, with_own_bin
 
 #: the ServerApp component of pflower's own app (pyproject's [tool.flwr.app.components])
 PFLOWER_SERVERAPP = "pflower.server_app:app"
@@ -333,8 +333,12 @@ def run(argv: Sequence[str] | None = None) -> int:
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
     )
     superlink_said = None  # what a local SuperLink that did not start said (its own log)
+    box = ErrorBox()  # Flower's error, wrapped in a box at 80 columns
     try:
         for line in proc.stdout:
+            boxed = box.feed(line)
+            if boxed:
+                superlink_said = superlink_failure(boxed) or superlink_said
             shown = console.shown(line)
             if shown is not None:
                 sys.stdout.write(shown)

@@ -294,3 +294,68 @@ def test_a_user_s_own_app_is_checked_on_pflower_s_keys_and_its_algorithms(
     launch.check_config(tmp_path, ["algorithm='ffgg'"])
     with pytest.raises(ConfigError, match=r"'algorithm' = 'fgg'.*did you mean 'ffgg'"):
         launch.check_config(tmp_path, ["algorithm='fgg'"])
+
+
+def test_a_superlink_failure_in_flower_s_error_box_is_explained(tmp_path, monkeypatch, capsys):
+    """Flower 1.41 prints its error in a box wrapped at 80 columns when its output is piped
+    (as under ``pflower run``): the sentence naming the SuperLink's log is split over two
+    lines (seen on this machine, 2026-11-28). ``pflower run`` joins them and still shows
+    the SuperLink's own error line."""
+    home = tmp_path / "flwr-home"
+    log = home / "local-superlink" / "superlink.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("INFO :      Starting Flower SuperLink\nERROR:      address already in use\n")
+    first = "Failed to start local SuperLink: `flower-superlink` exited with code 1. See"
+    second = f"logs at {log}."
+    box = [
+        "╭─ Error " + "─" * 69 + "╮",
+        f"│ {first:<76} │",
+        f"│ {second:<76} │",
+        "╰" + "─" * 78 + "╯",
+    ]
+    flwr = tmp_path / "flwr"
+    flwr.write_text("#!/bin/bash\ncat <<'BOX'\n" + "\n".join(box) + "\nBOX\nexit 1\n")
+    flwr.chmod(0o755)
+    monkeypatch.setattr(launch, "_flwr", lambda: str(flwr))
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    assert launch.run([str(ROOT)]) == 1
+    captured = capsys.readouterr()
+    assert "│ Failed to start local SuperLink" in captured.out  # Flower's box, as it drew it
+    last = captured.err.strip().splitlines()[-1]
+    assert last == "pflower run: the local SuperLink said: ERROR:      address already in use"
+
+
+@pytest.mark.skipif(not (Path(PFLOWER).parent / "flower-superlink").exists(), reason="no Flower")
+def test_a_state_from_another_flower_version_is_found_though_the_log_is_silent(
+    tmp_path, monkeypatch, capsys
+):
+    """Flower 1.41 starts its local SuperLink with stderr to /dev/null: the migration's
+    "Can't locate revision" never reaches the log it names, which ends at "Starting Flower
+    SuperLink" (seen on this machine with a ~/.flwr another Flower wrote, 2026-11-28).
+    ``pflower run`` starts a real ``flower-superlink`` on that database, on a port of its own,
+    and shows the line it dies with and the FLWR_HOME fix. The database: a SQLite file whose
+    alembic revision no Flower has."""
+    import sqlite3
+
+    home = tmp_path / "flwr-home"
+    (home / "local-superlink").mkdir(parents=True)
+    log = home / "local-superlink" / "superlink.log"
+    log.write_text("INFO flwr | flower_superlink.py:472 | Starting Flower SuperLink\n")
+    db = sqlite3.connect(home / "local-superlink" / "state.db")
+    db.execute("create table alembic_version (version_num varchar(32) primary key)")
+    db.execute("insert into alembic_version values ('7d1f3a2b9c4e')")
+    db.commit()
+    db.close()
+    flwr = tmp_path / "flwr"
+    flwr.write_text(
+        "#!/bin/bash\necho 'Error: Failed to start local SuperLink: `flower-superlink` exited "
+        f"with code 1. See logs at {log}.'\nexit 1\n"
+    )
+    flwr.chmod(0o755)
+    monkeypatch.setattr(launch, "_flwr", lambda: str(flwr))
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    assert launch.run([str(ROOT)]) == 1
+    err = capsys.readouterr().err
+    assert "the local SuperLink said: alembic.util.exc.CommandError: Can't locate revision " \
+        "identified by '7d1f3a2b9c4e'" in err  # fmt: skip
+    assert f"FLWR_HOME={home}-" in err
