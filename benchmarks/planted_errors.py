@@ -1122,6 +1122,17 @@ PLANTS = [
         [T + "test_launch.py"],
     ),
     Plant(
+        "first hour: a default ~/.flwr another Flower wrote stops pflower run (no own home)",
+        "pflower/launch.py",
+        [
+            (
+                '        if args.superlink is None and "FLWR_HOME" not in os.environ:',
+                "        if False:",
+            )
+        ],
+        [T + "test_launch.py"],
+    ),
+    Plant(
         "first hour: labels.png's tallest bar touches the frame",
         "pflower/report/plots.py",
         [("        with_headroom(ax)\n", "")],

@@ -42,7 +42,13 @@ from pathlib import Path
 
 from pflower.config import Config, ConfigError
 from pflower.flower import FlowerDrift
-from pflower.flower.cli import ErrorBox, superlink_failure, with_own_bin
+from pflower.flower.cli import (
+    FOREIGN_STATE,
+    ErrorBox,
+    own_home,
+    superlink_failure,
+    with_own_bin,
+)
 
 #: the ServerApp component of pflower's own app (pyproject's [tool.flwr.app.components])
 PFLOWER_SERVERAPP = "pflower.server_app:app"
@@ -301,6 +307,47 @@ def flower_env(environ: Mapping[str, str]) -> dict[str, str]:
     return with_own_bin({**FLOWER_ENV, **environ})
 
 
+#: ``pflower run``'s exit code when the user stopped following the log (Ctrl-C)
+INTERRUPTED = 130
+
+
+def _follow(command: list[str], sized: bool) -> tuple[int, int | None, str | None]:
+    """Run ``flwr run ... --stream`` and follow its log on the console (``ConsoleLog``):
+    its exit code (``INTERRUPTED`` after Ctrl-C), the run's id if Flower named it, and what a
+    local SuperLink that did not start said (``superlink_failure``)."""
+    run_id = None
+    env = flower_env(os.environ)
+    console = ConsoleLog(LOG_DIR.expanduser() / time.strftime("run-%Y%m%d-%H%M%S.log"), sized)
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
+    )
+    superlink_said = None  # what a local SuperLink that did not start said (its own log)
+    box = ErrorBox()  # Flower's error, wrapped in a box at 80 columns
+    try:
+        for line in proc.stdout:
+            boxed = box.feed(line)
+            if boxed:
+                superlink_said = superlink_failure(boxed) or superlink_said
+            shown = console.shown(line)
+            if shown is not None:
+                sys.stdout.write(shown)
+                sys.stdout.flush()
+            found = RUN_STARTED.search(line)
+            if found and run_id is None:
+                run_id = int(found.group(1))
+            superlink_said = superlink_failure(line) or superlink_said
+        return proc.wait(), run_id, superlink_said
+    except KeyboardInterrupt:
+        proc.wait()
+        where = f"run {run_id} goes on (flwr log {run_id}; flwr stop {run_id})" if run_id else ""
+        print(f"\npflower run: stopped following the log; {where}".rstrip("; "), file=sys.stderr)
+        return INTERRUPTED, run_id, None
+    finally:
+        closing = console.close()
+        if closing:
+            print(closing, flush=True)
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """``pflower run``: the module docstring."""
     args = _run_parser().parse_args(argv)
@@ -325,38 +372,25 @@ def run(argv: Sequence[str] | None = None) -> int:
             "federation; give --federation-config or --federation to change it)",
             flush=True,
         )
-    run_id = None
-    env = flower_env(os.environ)
     sized = any("num-supernodes" in item for item in command[command.index("--stream") :])
-    console = ConsoleLog(LOG_DIR.expanduser() / time.strftime("run-%Y%m%d-%H%M%S.log"), sized)
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
-    )
-    superlink_said = None  # what a local SuperLink that did not start said (its own log)
-    box = ErrorBox()  # Flower's error, wrapped in a box at 80 columns
-    try:
-        for line in proc.stdout:
-            boxed = box.feed(line)
-            if boxed:
-                superlink_said = superlink_failure(boxed) or superlink_said
-            shown = console.shown(line)
-            if shown is not None:
-                sys.stdout.write(shown)
-                sys.stdout.flush()
-            found = RUN_STARTED.search(line)
-            if found and run_id is None:
-                run_id = int(found.group(1))
-            superlink_said = superlink_failure(line) or superlink_said
-        code = proc.wait()
-    except KeyboardInterrupt:
-        proc.wait()
-        where = f"run {run_id} goes on (flwr log {run_id}; flwr stop {run_id})" if run_id else ""
-        print(f"\npflower run: stopped following the log; {where}".rstrip("; "), file=sys.stderr)
-        return 130
-    finally:
-        closing = console.close()
-        if closing:
-            print(closing, flush=True)
+    code, run_id, superlink_said = _follow(command, sized)
+    if code != 0 and superlink_said and FOREIGN_STATE in superlink_said:
+        home = own_home()
+        if args.superlink is None and "FLWR_HOME" not in os.environ:
+            # the default home holds another Flower version's state, and the user chose none:
+            # run on a home of this version's own (Flower's local SuperLink listens on fixed
+            # ports whatever FLWR_HOME is, and the failed one is not running)
+            print(
+                f"pflower run: {superlink_said.splitlines()[0]}\npflower run: ~/.flwr holds "
+                f"another Flower version's state; running on a Flower home of its own, "
+                f"FLWR_HOME={home} (export it to skip this first try)",
+                file=sys.stderr,
+                flush=True,
+            )
+            os.environ["FLWR_HOME"] = home  # flwr ls, below, too
+            code, run_id, superlink_said = _follow(command, sized)
+    if code == INTERRUPTED:
+        return code
     if code != 0:
         if superlink_said:
             print(f"pflower run: {superlink_said}", file=sys.stderr, flush=True)

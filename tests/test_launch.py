@@ -359,3 +359,42 @@ def test_a_state_from_another_flower_version_is_found_though_the_log_is_silent(
     assert "the local SuperLink said: alembic.util.exc.CommandError: Can't locate revision " \
         "identified by '7d1f3a2b9c4e'" in err  # fmt: skip
     assert f"FLWR_HOME={home}-" in err
+
+
+def test_pflower_run_uses_a_flower_home_of_its_own_where_another_version_wrote_the_default(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue 49, item 1: where ``~/.flwr`` holds another Flower version's state and the user
+    set no FLWR_HOME, ``pflower run`` says so and runs again on ``~/.flwr-<version>``. A fake
+    ``flwr`` fails as Flower 1.41 does on the default home and starts the run on another."""
+    home = tmp_path / ".flwr"
+    log = home / "local-superlink" / "superlink.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("ERROR: alembic.util.exc.CommandError: Can't locate revision identified by "
+                   "'7d1f3a2b9c4e'\n")  # fmt: skip
+    seen = tmp_path / "homes"
+    flwr = tmp_path / "flwr"
+    flwr.write_text(
+        f'#!/bin/bash\necho "${{FLWR_HOME:-default}}" >> {seen}\n'
+        f'if [ -z "$FLWR_HOME" ] || [ "$FLWR_HOME" = "{home}" ]; then\n'
+        "  echo 'Error: Failed to start local SuperLink: `flower-superlink` exited with code 1. "
+        f"See logs at {log}.'\n  exit 1\nfi\necho 'Successfully started run 42'\n"
+    )
+    flwr.chmod(0o755)
+    monkeypatch.setattr(launch, "_flwr", lambda: str(flwr))
+    monkeypatch.setattr(launch, "run_status", lambda *a: {"status": "finished:completed"})
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("FLWR_HOME", "restored after the test")
+    monkeypatch.delenv("FLWR_HOME")
+    from importlib.metadata import version
+
+    own = f"{home}-{version('flwr')}"
+    assert launch.run([str(ROOT)]) == launch.COMPLETED
+    assert seen.read_text().split() == ["default", own]
+    err = capsys.readouterr().err
+    assert f"running on a Flower home of its own, FLWR_HOME={own}" in err
+    # a Flower home the user chose is theirs: no second try
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    assert launch.run([str(ROOT)]) == 1
+    assert "running on a Flower home of its own" not in capsys.readouterr().err
+    assert seen.read_text().split()[2:] == [str(home)]

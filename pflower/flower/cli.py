@@ -103,13 +103,26 @@ def superlink_failure(line: str) -> str | None:
     said = errors[-1] if errors else (lines[-1].strip() if lines else "(the log is empty)")
     out = f"the local SuperLink said: {said}"
     if any(UNKNOWN_REVISION in x for x in lines):
-        home = os.environ.get("FLWR_HOME") or str(Path.home() / ".flwr")
         out += (
-            f"\nIts database in {home} was written by another Flower version than this one "
-            f"(flwr {_version()}). Run with a Flower home of its own, e.g. "
-            f"FLWR_HOME={home}-{_version()} pflower run ..., or remove that database."
+            f"\nIts database in {_home()} {FOREIGN_STATE} than this one (flwr {_version()}). "
+            f"Run with a Flower home of its own, e.g. FLWR_HOME={own_home()} pflower run ..., "
+            "or remove that database."
         )
     return out
+
+
+#: how ``superlink_failure`` says that the Flower home holds another version's state
+FOREIGN_STATE = "was written by another Flower version"
+
+
+def _home() -> str:
+    return os.environ.get("FLWR_HOME") or str(Path.home() / ".flwr")
+
+
+def own_home() -> str:
+    """A Flower home for this Flower version alone: the current one's path with the
+    version appended (``~/.flwr-1.41.0``)."""
+    return f"{_home()}-{_version()}"
 
 
 #: how long ``probe_superlink`` waits for a SuperLink to fail (one that fails at its
