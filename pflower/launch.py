@@ -317,7 +317,10 @@ def _follow(command: list[str], sized: bool) -> tuple[int, int | None, str | Non
     local SuperLink that did not start said (``superlink_failure``)."""
     run_id = None
     env = flower_env(os.environ)
-    console = ConsoleLog(LOG_DIR.expanduser() / time.strftime("run-%Y%m%d-%H%M%S.log"), sized)
+    path = LOG_DIR.expanduser() / time.strftime("run-%Y%m%d-%H%M%S.log")
+    if path.exists():  # a second try in the same second (a Flower home of its own)
+        path = path.with_name(f"{path.stem}-{os.getpid()}-{time.monotonic_ns()}.log")
+    console = ConsoleLog(path, sized)
     proc = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
     )
