@@ -1198,6 +1198,103 @@ PLANTS = [
         ],
         [UP],
     ),
+    # --- the first hour (issue 49) ------------------------------------------------------------
+    Plant(
+        "first hour: pflower run adds no federation where the user names none",
+        "pflower/launch.py",
+        [
+            (
+                "    if not (args.superlink or args.federation or args.federation_config):",
+                "    if False:",
+            )
+        ],
+        [T + "test_launch.py"],
+    ),
+    Plant(
+        "first hour: pflower run leaves Flower's environment as the shell has it",
+        "pflower/launch.py",
+        [
+            (
+                "    return with_own_bin({**FLOWER_ENV, **environ})",
+                "    return with_own_bin(environ)",
+            )
+        ],
+        [T + "test_launch.py"],
+    ),
+    Plant(
+        "first hour: a record inside a traceback ends it (its lines leak onto the console)",
+        "pflower/launch.py",
+        [
+            (
+                "            self.in_traceback = self.in_traceback and plain != body",
+                "            self.in_traceback = False",
+            )
+        ],
+        [T + "test_launch.py"],
+    ),
+    Plant(
+        "first hour: a user's own keys are checked as pflower's",
+        "pflower/launch.py",
+        [("        merged = {k: v for k, v in merged.items() if k in pflowers}", "        pass")],
+        [T + "test_launch.py"],
+    ),
+    Plant(
+        "first hour: an algorithm the app's ServerApp does not serve is let through",
+        "pflower/launch.py",
+        [
+            (
+                "        if serves is not None and algorithm is not None and algorithm not in",
+                "        if False and",
+            )
+        ],
+        [T + "test_launch.py"],
+    ),
+    Plant(
+        "first hour: a reply lacking the personal part names no fix",
+        "pflower/wire.py",
+        [("    if lacking and set(got.items()) < set(expected.items()):", "    if False:")],
+        [T + "test_library_page.py"],
+    ),
+    Plant(
+        "first hour: the 'train loss –' note is said every round",
+        "pflower/server_app.py",
+        [
+            (
+                "            note = None if noted else report.loss_note(entry, strategy.algorithm)",
+                "            note = report.loss_note(entry, strategy.algorithm)",
+            )
+        ],
+        [T + "test_outputs.py"],
+    ),
+    Plant(
+        "first hour: Flower's boxed SuperLink error is read line by line (never matches)",
+        "pflower/launch.py",
+        [("            if boxed:\n", "            if False:\n")],
+        [T + "test_launch.py"],
+    ),
+    Plant(
+        "first hour: a SuperLink log without an error line is taken as it is (no probe)",
+        "pflower/flower/cli.py",
+        [("    if not errors:  # Flower 1.41 sends", "    if False:  # Flower 1.41 sends")],
+        [T + "test_launch.py"],
+    ),
+    Plant(
+        "first hour: a default ~/.flwr another Flower wrote stops pflower run (no own home)",
+        "pflower/launch.py",
+        [
+            (
+                '        if args.superlink is None and "FLWR_HOME" not in os.environ:',
+                "        if False:",
+            )
+        ],
+        [T + "test_launch.py"],
+    ),
+    Plant(
+        "first hour: labels.png's tallest bar touches the frame",
+        "pflower/report/plots.py",
+        [("        with_headroom(ax)\n", "")],
+        [T + "test_outputs.py"],
+    ),
 ]
 
 

@@ -173,8 +173,9 @@ class PersonalizedClient:
         ``finetune-epochs``...); the rest are the app's defaults for ``algorithm``.
     train_fn : callable or None (default: None)
         Your training loop ``train_fn(model, loader, epochs, lr, device) -> loss`` for the
-        algorithms whose local steps are plain SGD (``ClientHalf.users_loop``); refused by
-        the others, which run their own step. ``None``: pflower's SGD.
+        algorithms whose local steps are plain SGD (``ClientHalf.users_loop``); the others
+        run their own step and leave it unused, saying so once in the log (so one ClientApp
+        serves every algorithm). ``None``: pflower's SGD.
     state : RecordDict or None (default: None)
         Where the personal state lives; ``None``: the node's (``context.state``, or the
         directory of node config ``state-dir``).

@@ -192,6 +192,8 @@ def after_round(strategy, wire: WireCount, tracker: report.Tracker, evaluate_fn)
     """Wrap Flower's per-round ``evaluate_fn`` hook (called after each round's training and
     evaluation): the round's bytes into its log, its console line, its tracking scalars."""
 
+    noted = []  # the "train loss –" note, said once per run
+
     def stamp(server_round: int):
         entry = next((e for e in reversed(strategy.history) if e.round == server_round), None)
         if entry is not None:
@@ -206,6 +208,10 @@ def after_round(strategy, wire: WireCount, tracker: report.Tracker, evaluate_fn)
         entry = stamp(server_round)  # an entry the server's evaluation added
         if entry is not None:
             log.info(report.round_line(entry, strategy.num_rounds))
+            note = None if noted else report.loss_note(entry, strategy.algorithm)
+            if note:
+                log.info(note)
+                noted.append(note)
             tracker.add_round(entry)
         return result
 

@@ -367,5 +367,19 @@ def layout_problem(record: ArrayRecord, expected: Mapping[str, tuple]) -> str | 
     got = {k: (tuple(a.shape), a.dtype) for k, a in record.items()}
     if got == dict(expected):
         return None
+    lacking = sorted(set(expected) - set(got))
+    if lacking and set(got.items()) < set(expected.items()):
+        # the server sent parameters its clients keep: it started from the whole model where
+        # the algorithm shares a part (issue 49: a user's own ServerApp without shared_arrays)
+        shown = ", ".join(lacking[:3]) + (
+            f" and {len(lacking) - 3} more" if len(lacking) > 3 else ""
+        )
+        return (
+            f"the reply lacks {shown}, which the server sent: if the clients keep them as "
+            "their personal part, start the strategy from the shared parameters only, "
+            "initial_arrays=shared_arrays(model, algorithm, personal=...) "
+            "(pflower.personal_client), or pre-train the whole model with pretrain_rounds and "
+            "shared_names"
+        )
     wrong = sorted(set(got.items()) ^ set(expected.items()), key=str)[:3]
     return f"names/shapes/dtypes differ from the shared parameters: {wrong}"

@@ -633,3 +633,49 @@ def test_stop_tree_lets_the_process_sign_off_before_its_children_stop(tmp_path):
     assert proc.wait(5) == 0  # its own clean exit, not a signal's
     assert said.read_text() == "signed off; child alive: True"
     assert _gone(child)
+
+
+def test_the_kit_s_help_is_formatted_and_describes_every_option():
+    """Issue 49, item 3: ``python -m pflower.deploy --help`` keeps its examples one per line,
+    and every option of every command says what it is."""
+    import argparse
+    import subprocess
+    import sys
+
+    from pflower.deploy.command import command_parser
+
+    helped = subprocess.run([sys.executable, "-m", "pflower.deploy", "--help"],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert helped.returncode == 0
+    lines = helped.stdout.splitlines()
+    assert "    python -m pflower.deploy up --dir deploy --supernodes 2     # all of it, on " \
+        "loopback" in lines  # fmt: skip
+    assert "    python -m pflower.deploy down --dir deploy" in lines
+    parser = command_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    undescribed = [
+        f"{name} {'/'.join(action.option_strings)}"
+        for name, sub in commands.choices.items()
+        for action in sub._actions
+        if action.option_strings and action.dest != "help" and not action.help
+    ]
+    assert undescribed == []
+    assert set(commands.choices) == {"credentials", "connection", "gateway", "up", "down"}
+
+
+def test_up_prints_a_flwr_run_line_with_its_run_config():
+    """Issue 49, item 4: the ``flwr run`` line ``up`` prints carries the run config (a short
+    first run by default): pasted without one it ran the app's whole default job."""
+    import shlex
+
+    from pflower.deploy.command import FIRST_RUN, command_parser, submit_line
+
+    line = submit_line("deploy/flwr-home", "pflower-deployment", FIRST_RUN)
+    assert line.startswith("FLWR_HOME=deploy/flwr-home flwr run . pflower-deployment --stream ")
+    words = shlex.split(line)
+    assert words[words.index("--run-config") + 1] == FIRST_RUN  # as the shell reads it back
+    odd = 'outputs-dir="/tmp/x" lr=0.1'
+    words = shlex.split(submit_line("h", "n", odd))
+    assert words[words.index("--run-config") + 1] == odd
+    assert "--run-config" not in submit_line("h", "n", "")  # the app's default job
+    assert command_parser().parse_args(["up"]).run_config == FIRST_RUN

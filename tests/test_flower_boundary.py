@@ -276,7 +276,9 @@ def test_children_find_this_environments_flower_first():
     assert first == str(Path(sys.executable).parent) and first not in rest
 
 
-def test_pflower_run_fails_when_the_superlink_is_gone_though_flwr_run_exits_0(monkeypatch, capsys):
+def test_pflower_run_fails_when_the_superlink_is_gone_though_flwr_run_exits_0(
+    monkeypatch, capsys, tmp_path
+):
     """Flower's ``flwr run --stream`` exits 0 when its SuperLink dies mid-run (issue 50);
     ``pflower run`` asks for the run's status, gets no answer, and exits 1 saying how to
     resume."""
@@ -298,6 +300,7 @@ def test_pflower_run_fails_when_the_superlink_is_gone_though_flwr_run_exits_0(mo
 
     monkeypatch.setattr(launch.subprocess, "Popen", Flower)
     monkeypatch.setattr(launch, "run_status", gone)
+    monkeypatch.setattr(launch, "LOG_DIR", tmp_path)  # not the user's ~/pflower/logs
     assert launch.run([str(ROOT), "--no-check"]) == launch.FAILED
     err = capsys.readouterr().err
     assert "run 5" in err and "may have stopped" in err and "resume-from" in err

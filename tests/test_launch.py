@@ -21,6 +21,12 @@ ROOT = Path(__file__).parents[1]
 PFLOWER = str(Path(sys.executable).parent / "pflower")
 
 
+@pytest.fixture(autouse=True)
+def logs_in_tmp(tmp_path, monkeypatch):
+    """``pflower run``'s whole logs in the test's directory, not the user's ~/pflower/logs."""
+    monkeypatch.setattr(launch, "LOG_DIR", tmp_path / "logs")
+
+
 def test_check_config_names_the_key_the_value_and_what_is_allowed(capsys):
     with pytest.raises(ConfigError, match=r"'robust-aggregator' = 'krun'.*did you mean 'krum'"):
         launch.check_config(ROOT, ["robust-aggregator='krun'"])
@@ -158,3 +164,237 @@ def test_a_local_superlink_that_does_not_start_is_explained(tmp_path, monkeypatc
     flwr.write_text("#!/bin/bash\necho 'Error: the app has no pyproject.toml'\nexit 1\n")
     assert launch.run([str(Path(__file__).parents[1])]) == 1
     assert "the local SuperLink said" not in capsys.readouterr().err
+
+
+def test_pflower_run_sets_what_the_readme_s_command_sets(monkeypatch):
+    """Issue 49, item 1: ``pflower run .`` is the README's main job: telemetry off and no
+    per-run dependency installation unless the user's environment says otherwise, and the
+    README's federation (10 simulated SuperNodes) unless the user names one."""
+    env = launch.flower_env({"PATH": "/usr/bin"})
+    assert env["FLWR_TELEMETRY_ENABLED"] == "0"
+    assert env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    mine = launch.flower_env({"FLWR_TELEMETRY_ENABLED": "1", "PATH": ""})  # the user's stands
+    assert mine["FLWR_TELEMETRY_ENABLED"] == "1"
+
+    def command(*argv: str) -> list[str]:
+        return launch.flwr_command(launch._run_parser().parse_args(argv))[1:]
+
+    readme = ["--federation-config", "num-supernodes=10 client-resources-num-cpus=1"]
+    assert command(".") == ["run", ".", "--stream", *readme]
+    assert command(".", "-c", "lr=0.1") == ["run", ".", "--stream", "--run-config", "lr=0.1",
+                                            *readme]  # fmt: skip
+    # the user's federation, SuperLink connection or federation config: theirs alone
+    mine = ["--federation-config", "num-supernodes=3"]
+    assert command(".", *mine) == ["run", ".", "--stream", *mine]
+    assert command(".", "my-link") == ["run", ".", "my-link", "--stream"]
+    assert command(".", "--federation", "@a/b") == ["run", ".", "--stream", "--federation", "@a/b"]
+
+
+def test_pflower_run_hands_flower_the_readme_s_environment_and_federation(
+    tmp_path, monkeypatch, capsys
+):
+    """What reaches ``flwr run``: a fake ``flwr`` writes its arguments and environment, in a
+    shell whose environment sets neither variable (a fresh shell, as the issue ran it)."""
+    seen = tmp_path / "seen"
+    flwr = tmp_path / "flwr"
+    flwr.write_text(
+        f'#!/bin/bash\necho "$@" > {seen}\n'
+        f'echo "$FLWR_TELEMETRY_ENABLED $FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION" >> {seen}\n'
+        "exit 3\n"
+    )
+    flwr.chmod(0o755)
+    monkeypatch.setattr(launch, "_flwr", lambda: str(flwr))
+    for name in launch.FLOWER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert launch.run([str(ROOT)]) == 3  # flwr run's own code
+    argv, env = seen.read_text().splitlines()
+    assert argv == f"run {ROOT} --stream --federation-config {launch.DEFAULT_FEDERATION_CONFIG}"
+    assert env == "0 1"
+    assert "the README's federation" in capsys.readouterr().out
+
+
+def test_pflower_run_s_console_reduces_each_traceback_to_the_line_that_explains_it(tmp_path):
+    """Issue 49, item 4: a ClientApp that raises under Flower's simulation engine fills the
+    streamed log with Ray's tracebacks (60-odd lines per message, 880 in the issue's run).
+    ``pflower run`` shows each distinct cause once, keeps Flower's own records (the dropped
+    replies, the exit code) and writes every line to a file it names. The log is Flower
+    1.41's, from ``flwr run`` on a quickstart whose server runs PFLEGO and clients FedAlt."""
+    streamed = (Path(__file__).parent / "data" / "flwr_run_clientapp_error.log").read_text()
+    lines = streamed.splitlines(keepends=True)
+    console = launch.ConsoleLog(tmp_path / "logs" / "run.log", sized=True)
+    shown = [s for s in (console.shown(line) for line in lines) if s is not None]
+    closing = console.close()
+    text = launch.ANSI.sub("", "".join(shown))
+    assert "Traceback" not in text and 'File "' not in text and "^^^" not in text
+    assert "ray::" not in text and "ClientAppException" not in text
+    said = [s for s in shown if s.startswith("pflower run: raised")]
+    assert [s.split(": ", 3)[2] for s in said] == [
+        "pflower.wire.ConfigMismatch",
+        "pflower.strategies.checks.RunFailed",
+    ]
+    assert "the server runs algorithm 'pflego', this client 'fedalt'" in said[0]
+    # Flower's own records stay, each once, as the log has them
+    for record in ("round 1: dropped the reply of node", "Exit Code: 700",
+                   "(3 simulated SuperNodes)", "round 3: no usable reply"):  # fmt: skip
+        assert text.count(record) == launch.ANSI.sub("", streamed).count(record), record
+    # a record that arrives inside a traceback (the engine's threads interleave) does not
+    # end it: none of its blank or indented lines follow the record onto the console
+    rounds = text.split("[ROUND 1/3]")[1].split("Exit Code: 700")[0].splitlines()
+    assert all(launch.LEVEL.match(x) or x.startswith("pflower run: ") for x in rounds[1:])
+    # the default-size warning is left out where the run names its size, shown where not
+    assert launch.DEFAULT_SIZE_WARNING not in text
+    unsized = launch.ConsoleLog(tmp_path / "other.log")
+    assert any(launch.DEFAULT_SIZE_WARNING in (unsized.shown(x) or "") for x in lines)
+    # every line in the file; the closing line counts what the console left out
+    assert (tmp_path / "logs" / "run.log").read_text() == streamed
+    own = len(shown) - len(said)
+    assert closing == (
+        f"pflower run: {len(lines) - own - 1} traceback lines left out; "
+        f"the whole log: {tmp_path / 'logs' / 'run.log'}"
+    )
+    # a run without a traceback: the console is the log, and no closing line
+    clean = launch.ConsoleLog(tmp_path / "clean.log")
+    ok = ["INFO :      [ROUND 1/3]\n", "  indented output of the run itself\n", "| table |\n"]
+    assert [clean.shown(x) for x in ok] == ok and clean.close() is None
+
+
+def test_a_user_s_own_app_is_checked_on_pflower_s_keys_and_its_algorithms(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue 49, item 2: on a user's own app (examples/quickstart's pyproject, with a key of
+    its own), ``check-config`` and ``pflower run`` check the keys that are pflower's, leave the
+    app's own alone, and refuse an algorithm its ServerApp does not build a strategy for
+    (``[tool.pflower] algorithms``), before anything starts."""
+    quickstart = ROOT / "examples" / "quickstart"
+    text = (quickstart / "pyproject.toml").read_text()
+    (tmp_path / "pyproject.toml").write_text(text + "hidden-units = 64\n")
+    assert launch.app_algorithms(tmp_path) == ("fedalt", "apfl", "pflego")
+    launch.check_config(tmp_path, ["hidden-units=128 algorithm='apfl'"])  # the app's own key
+    with pytest.raises(ConfigError, match=r"'lr' = -1"):  # pflower's key, pflower's rule
+        launch.check_config(tmp_path, ["lr=-1"])
+    with pytest.raises(ConfigError, match=r"'widht' = 3: not declared in"):
+        launch.check_config(tmp_path, ["widht=3"])
+    served = r"'algorithm' = 'ffgg': this app's ServerApp \(quickstart_app.server_app:app\) serves"
+    with pytest.raises(ConfigError, match=served + r" 'fedalt', 'apfl', 'pflego'"):
+        launch.check_config(quickstart, ["algorithm='ffgg'"])
+    assert launch.check([str(tmp_path), "-c", "hidden-units=128"]) == launch.COMPLETED
+    assert capsys.readouterr().out == "run config OK: hidden-units=128\n"
+    # pflower run refuses before flwr runs (a flwr that would say otherwise is never called)
+    flwr = tmp_path / "flwr"
+    flwr.write_text("#!/bin/bash\necho ran\nexit 0\n")
+    flwr.chmod(0o755)
+    monkeypatch.setattr(launch, "_flwr", lambda: str(flwr))
+    assert launch.run([str(quickstart), "-c", "algorithm='ffgg'"]) == launch.REFUSED
+    out = capsys.readouterr()
+    assert "ran" not in out.out and out.err.startswith("pflower run: key 'algorithm' = 'ffgg'")
+    # an app that declares no algorithms: any that pflower knows
+    (tmp_path / "pyproject.toml").write_text(text.replace("[tool.pflower]", "[tool.other]"))
+    assert launch.app_algorithms(tmp_path) is None
+    launch.check_config(tmp_path, ["algorithm='ffgg'"])
+    with pytest.raises(ConfigError, match=r"'algorithm' = 'fgg'.*did you mean 'ffgg'"):
+        launch.check_config(tmp_path, ["algorithm='fgg'"])
+
+
+def test_a_superlink_failure_in_flower_s_error_box_is_explained(tmp_path, monkeypatch, capsys):
+    """Flower 1.41 prints its error in a box wrapped at 80 columns when its output is piped
+    (as under ``pflower run``): the sentence naming the SuperLink's log is split over two
+    lines (seen on this machine, 2026-11-28). ``pflower run`` joins them and still shows
+    the SuperLink's own error line."""
+    home = tmp_path / "flwr-home"
+    log = home / "local-superlink" / "superlink.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("INFO :      Starting Flower SuperLink\nERROR:      address already in use\n")
+    first = "Failed to start local SuperLink: `flower-superlink` exited with code 1. See"
+    second = f"logs at {log}."
+    box = [
+        "╭─ Error " + "─" * 69 + "╮",
+        f"│ {first:<76} │",
+        f"│ {second:<76} │",
+        "╰" + "─" * 78 + "╯",
+    ]
+    flwr = tmp_path / "flwr"
+    flwr.write_text("#!/bin/bash\ncat <<'BOX'\n" + "\n".join(box) + "\nBOX\nexit 1\n")
+    flwr.chmod(0o755)
+    monkeypatch.setattr(launch, "_flwr", lambda: str(flwr))
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    assert launch.run([str(ROOT)]) == 1
+    captured = capsys.readouterr()
+    assert "│ Failed to start local SuperLink" in captured.out  # Flower's box, as it drew it
+    last = captured.err.strip().splitlines()[-1]
+    assert last == "pflower run: the local SuperLink said: ERROR:      address already in use"
+
+
+@pytest.mark.skipif(not (Path(PFLOWER).parent / "flower-superlink").exists(), reason="no Flower")
+def test_a_state_from_another_flower_version_is_found_though_the_log_is_silent(
+    tmp_path, monkeypatch, capsys
+):
+    """Flower 1.41 starts its local SuperLink with stderr to /dev/null: the migration's
+    "Can't locate revision" never reaches the log it names, which ends at "Starting Flower
+    SuperLink" (seen on this machine with a ~/.flwr another Flower wrote, 2026-11-28).
+    ``pflower run`` starts a real ``flower-superlink`` on that database, on a port of its own,
+    and shows the line it dies with and the FLWR_HOME fix. The database: a SQLite file whose
+    alembic revision no Flower has."""
+    import sqlite3
+
+    home = tmp_path / "flwr-home"
+    (home / "local-superlink").mkdir(parents=True)
+    log = home / "local-superlink" / "superlink.log"
+    log.write_text("INFO flwr | flower_superlink.py:472 | Starting Flower SuperLink\n")
+    db = sqlite3.connect(home / "local-superlink" / "state.db")
+    db.execute("create table alembic_version (version_num varchar(32) primary key)")
+    db.execute("insert into alembic_version values ('7d1f3a2b9c4e')")
+    db.commit()
+    db.close()
+    flwr = tmp_path / "flwr"
+    flwr.write_text(
+        "#!/bin/bash\necho 'Error: Failed to start local SuperLink: `flower-superlink` exited "
+        f"with code 1. See logs at {log}.'\nexit 1\n"
+    )
+    flwr.chmod(0o755)
+    monkeypatch.setattr(launch, "_flwr", lambda: str(flwr))
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    assert launch.run([str(ROOT)]) == 1
+    err = capsys.readouterr().err
+    assert "the local SuperLink said: alembic.util.exc.CommandError: Can't locate revision " \
+        "identified by '7d1f3a2b9c4e'" in err  # fmt: skip
+    assert f"FLWR_HOME={home}-" in err
+
+
+def test_pflower_run_uses_a_flower_home_of_its_own_where_another_version_wrote_the_default(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue 49, item 1: where ``~/.flwr`` holds another Flower version's state and the user
+    set no FLWR_HOME, ``pflower run`` says so and runs again on ``~/.flwr-<version>``. A fake
+    ``flwr`` fails as Flower 1.41 does on the default home and starts the run on another."""
+    home = tmp_path / ".flwr"
+    log = home / "local-superlink" / "superlink.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("ERROR: alembic.util.exc.CommandError: Can't locate revision identified by "
+                   "'7d1f3a2b9c4e'\n")  # fmt: skip
+    seen = tmp_path / "homes"
+    flwr = tmp_path / "flwr"
+    flwr.write_text(
+        f'#!/bin/bash\necho "${{FLWR_HOME:-default}}" >> {seen}\n'
+        f'if [ -z "$FLWR_HOME" ] || [ "$FLWR_HOME" = "{home}" ]; then\n'
+        "  echo 'Error: Failed to start local SuperLink: `flower-superlink` exited with code 1. "
+        f"See logs at {log}.'\n  exit 1\nfi\necho 'Successfully started run 42'\n"
+    )
+    flwr.chmod(0o755)
+    monkeypatch.setattr(launch, "_flwr", lambda: str(flwr))
+    monkeypatch.setattr(launch, "run_status", lambda *a: {"status": "finished:completed"})
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("FLWR_HOME", "restored after the test")
+    monkeypatch.delenv("FLWR_HOME")
+    from importlib.metadata import version
+
+    own = f"{home}-{version('flwr')}"
+    assert launch.run([str(ROOT)]) == launch.COMPLETED
+    assert seen.read_text().split() == ["default", own]
+    err = capsys.readouterr().err
+    assert f"running on a Flower home of its own, FLWR_HOME={own}" in err
+    # a Flower home the user chose is theirs: no second try
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    assert launch.run([str(ROOT)]) == 1
+    assert "running on a Flower home of its own" not in capsys.readouterr().err
+    assert seen.read_text().split()[2:] == [str(home)]

@@ -143,3 +143,47 @@ def test_accuracy_plot_marks_where_pretraining_ends(pretrain):
             assert marks == []
     finally:
         plt.close(fig)
+
+
+def test_the_label_plot_leaves_room_above_its_tallest_bar(tmp_path, monkeypatch):
+    """Issue 49, item 4: labels.png's tallest (stacked) bar touched the frame. The plot of
+    the digits' partition: the y axis ends 8% above the tallest stack, counted here from the
+    partitions' own sizes."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.figure
+
+    from pflower.task import data
+
+    cfg = Config.from_run_config(RUN)
+    made = report.RunReport(cfg=cfg, split="head", num_nodes=4, rounds=[], clients=[],
+                            seconds=1.0)  # fmt: skip
+    seen = {}
+    save = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        seen["ylim"] = fig.axes[0].get_ylim()
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    plots._plot_labels(made, tmp_path / "labels.png")
+    assert (tmp_path / "labels.png").exists()
+    partitioner = data._source(cfg, 4).partitioner
+    tallest = max(len(partitioner.load_partition(i)) for i in range(4))
+    assert seen["ylim"][1] == pytest.approx(1.08 * tallest)
+
+
+def test_a_round_without_a_training_loss_says_why_once(caplog):
+    """Issue 49, item 4: FFGG's rounds print "train loss –"; the first such line is followed
+    by one line saying why, and no other."""
+    with caplog.at_level("INFO", logger="flwr"):
+        _run(LocalGrid, {**RUN, "algorithm": "ffgg", "num-server-rounds": 2})
+    lines = [r.getMessage() for r in caplog.records]
+    notes = [i for i, x in enumerate(lines) if x.startswith("(train loss –: ffgg's clients")]
+    assert len(notes) == 1
+    before = lines[notes[0] - 1]
+    assert before.startswith("round 2/3 ") and "train loss        –" in before
+    first = next(x for x in lines if x.startswith("round 1/3 "))  # pre-training: a loss
+    assert "train loss        –" not in first

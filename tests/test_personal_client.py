@@ -228,3 +228,25 @@ def test_a_train_config_lr_other_than_the_strategy_s_is_refused():
     strategy = strategies.FedAlt(lr=0.1)
     with pytest.raises(ValueError, match=r"pass lr=0.2 to FedAlt"):
         strategy.start(None, ArrayRecord(), 2, train_config=ConfigRecord({"lr": 0.2}))
+
+
+def test_the_example_s_saved_model_is_neither_committed_nor_sent(tmp_path):
+    """Issue 49, item 4: the ServerApp saves ``final_model.pt`` where it runs (in process,
+    the example folder): git ignores it, and the app ``flwr run`` builds leaves it out
+    (Flower's FAB builder reads the app's ``.gitignore``)."""
+    import io
+    import shutil
+    import subprocess
+    import zipfile
+
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(EXAMPLE / "final_model.pt")],
+                             cwd=EXAMPLE, capture_output=True)  # fmt: skip
+    if ignored.returncode == 128:
+        pytest.skip("not a git checkout")
+    assert ignored.returncode == 0
+    build = pytest.importorskip("flwr.cli.build")
+    app = tmp_path / "quickstart"
+    shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__"))
+    torch.save({}, app / "final_model.pt")
+    names = zipfile.ZipFile(io.BytesIO(build.build_fab_from_disk(app))).namelist()
+    assert "quickstart_app/server_app.py" in names and "final_model.pt" not in names

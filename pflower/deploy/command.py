@@ -1,4 +1,4 @@
-"""The deployment kit: credentials (a self-signed CA, the SuperLink's TLS certificate, one EC
+r"""The deployment kit: credentials (a self-signed CA, the SuperLink's TLS certificate, one EC
 key pair per SuperNode for node authentication), the ``flwr`` CLI's connection, a Fleet
 gateway, and a federation on loopback started and stopped by process id.
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -34,27 +35,81 @@ from pflower.deploy.credentials import connection, credentials
 from pflower.deploy.federation import MAX_TASK_POLL_S, MIN_TASK_POLL_S, Federation
 from pflower.deploy.gateway import gateway
 
+#: the run ``up`` prints the ``flwr run`` line for when not given one: a first run of a few
+#: seconds on the loopback federation (docs/deploy.md, step 7); the app's default job
+#: (mnist-5k for 10 clients, 20 rounds) is ``--run-config ""``
+FIRST_RUN = "algorithm='fedalt' dataset='digits' pretrain-rounds=0 num-server-rounds=3"
+
+
+def submit_line(flwr_home: str | os.PathLike, name: str, run_config: str) -> str:
+    """The ``flwr run`` command ``up`` prints for the federation, with ``run_config`` as the
+    shell reads it back (double quotes, as the docs write run configs, where it can)."""
+    command = f"FLWR_HOME={flwr_home} flwr run . {name} --stream"
+    if not run_config.strip():
+        return command
+    plain = not any(c in run_config for c in '"$`\\!')
+    return command + " --run-config " + (f'"{run_config}"' if plain else shlex.quote(run_config))
+
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m pflower.deploy", description=__doc__)
+    parser = command_parser()
+    args = parser.parse_args(argv)
+    run(parser, args)
+
+
+def command_parser() -> argparse.ArgumentParser:
+    """``python -m pflower.deploy``'s arguments: every option described (its ``--help``)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m pflower.deploy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     cred = sub.add_parser("credentials", help="CA, SuperLink certificate, SuperNode keys")
-    cred.add_argument("--out", required=True)
-    cred.add_argument("--supernodes", type=int, default=2)
-    cred.add_argument("--hosts", nargs="*", default=["localhost", "127.0.0.1", "::1"])
+    cred.add_argument("--out", required=True, help="the directory to write them into")
+    cred.add_argument(
+        "--supernodes", type=int, default=2, help="SuperNode key pairs to make (default: 2)"
+    )
+    cred.add_argument(
+        "--hosts",
+        nargs="*",
+        default=["localhost", "127.0.0.1", "::1"],
+        help="names and addresses the SuperLink's certificate is valid for "
+        "(default: localhost 127.0.0.1 ::1)",
+    )
     conn = sub.add_parser("connection", help="a SuperLink connection for the flwr CLI")
     conn.add_argument("--credentials", required=True, help="the directory with ca.crt")
     conn.add_argument("--address", default="127.0.0.1:9094", help="the SuperLink's address")
-    conn.add_argument("--name", default="pflower-deployment")
-    conn.add_argument("--flwr-home", default=os.environ.get("FLWR_HOME", "~/.flwr"))
+    conn.add_argument(
+        "--name",
+        default="pflower-deployment",
+        help="the connection's name, as flwr run names it (default: pflower-deployment)",
+    )
+    conn.add_argument(
+        "--flwr-home",
+        default=os.environ.get("FLWR_HOME", "~/.flwr"),
+        help="the Flower home whose config.toml gets the connection (default: $FLWR_HOME, "
+        "else ~/.flwr)",
+    )
     gate = sub.add_parser("gateway", help="serve the SuperLink's Fleet API only, on an address")
     gate.add_argument("--listen", required=True, help="host:port the devices reach")
     gate.add_argument("--superlink", default="127.0.0.1:9094", help="the SuperLink (loopback)")
     gate.add_argument("--credentials", required=True, help="ca.crt, server.pem, server.key")
     up = sub.add_parser("up", help="credentials, SuperLink, gateway, registered SuperNodes")
-    up.add_argument("--dir", default="deploy")
-    up.add_argument("--supernodes", type=int, default=2)
+    up.add_argument(
+        "--dir",
+        default="deploy",
+        help="where the federation lives: credentials, the Flower home, state, logs, "
+        "pids.json (default: deploy; git-ignored, so flwr run never packs it)",
+    )
+    up.add_argument("--supernodes", type=int, default=2, help="SuperNodes to start (default: 2)")
     up.add_argument("--port", type=int, default=9093, help="the gateway's (devices') port")
+    up.add_argument(
+        "--run-config",
+        default=FIRST_RUN,
+        help=f'the run config of the flwr run line it prints (default: "{FIRST_RUN}", a '
+        'first run of seconds; "": the app\'s default job)',
+    )
     up.add_argument(
         "--warm",
         action="store_true",
@@ -94,8 +149,12 @@ def main(argv: list[str] | None = None) -> None:
         "stretched by SuperNodes per core beyond one; Flower's own is 1 s)",
     )
     down = sub.add_parser("down", help="stop what 'up' started (<dir>/pids.json, checked)")
-    down.add_argument("--dir", default="deploy")
-    args = parser.parse_args(argv)
+    down.add_argument("--dir", default="deploy", help="the directory 'up' used (default: deploy)")
+    return parser
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Carry out the parsed command."""
     if args.command == "credentials":
         out = credentials(args.out, args.supernodes, tuple(args.hosts))
         print(f"credentials in {out}: ca.crt, server.pem, server.key, supernode-<i>[.pub]")
@@ -138,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
             f"SuperLink on 127.0.0.1:{fed.superlink_port} (operator side: Control API), "
             f"Fleet gateway on {fed.fleet_address} (devices), {args.supernodes} SuperNodes "
             f"(pids in {fed.root / 'pids.json'}, logs in {fed.logs}). Submit with:\n"
-            f"  FLWR_HOME={fed.flwr_home} flwr run . {fed.name} --stream\n"
+            f"  {submit_line(fed.flwr_home, fed.name, args.run_config)}\n"
             f"Stop with: python -m pflower.deploy down --dir {args.dir}"
         )
     else:

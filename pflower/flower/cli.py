@@ -103,6 +103,27 @@ SUPERLINK_FAILED = re.compile(r"Failed to start local SuperLink.*?See logs at (\
 UNKNOWN_REVISION = "Can't locate revision"
 
 
+#: a line inside the box Flower's CLI (typer, rich) draws around an error: its text, wrapped
+#: at the console's width (80 columns when its output is not a terminal, as under pflower run)
+BOXED = re.compile(r"^\s*│ ?(.*?)\s*│\s*$")
+
+
+class ErrorBox:
+    """Flower's boxed error message, its wrapped lines joined again: ``feed`` each output line;
+    it returns the box's text once the box closes (None before and for other lines)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def feed(self, line: str) -> str | None:
+        inside = BOXED.match(line)
+        if inside:
+            self.lines.append(inside.group(1))
+            return None
+        text, self.lines = " ".join(self.lines), []
+        return text or None
+
+
 def superlink_failure(line: str) -> str | None:
     """For ``flwr run``'s output line saying its local SuperLink failed to start, what the
     SuperLink itself said (the last error line of the log Flower names) and, for a state
@@ -118,16 +139,70 @@ def superlink_failure(line: str) -> str | None:
     except OSError as err:
         return f"its log ({log_file}) cannot be read: {err}"
     errors = [x.strip() for x in lines if "error" in x.lower() or UNKNOWN_REVISION in x]
+    if not errors:  # Flower 1.41 sends the SuperLink's stderr, its traceback, to /dev/null
+        probed = probe_superlink(log_file.parent / "state.db")
+        if probed:
+            errors, lines = [probed], [*lines, probed]
     said = errors[-1] if errors else (lines[-1].strip() if lines else "(the log is empty)")
     out = f"the local SuperLink said: {said}"
     if any(UNKNOWN_REVISION in x for x in lines):
-        home = os.environ.get("FLWR_HOME") or str(Path.home() / ".flwr")
         out += (
-            f"\nIts database in {home} was written by another Flower version than this one "
-            f"(flwr {_version()}). Run with a Flower home of its own, e.g. "
-            f"FLWR_HOME={home}-{_version()} pflower run ..., or remove that database."
+            f"\nIts database in {_home()} {FOREIGN_STATE} than this one (flwr {_version()}). "
+            f"Run with a Flower home of its own, e.g. FLWR_HOME={own_home()} pflower run ..., "
+            "or remove that database."
         )
     return out
+
+
+#: how ``superlink_failure`` says that the Flower home holds another version's state
+FOREIGN_STATE = "was written by another Flower version"
+
+
+def _home() -> str:
+    return os.environ.get("FLWR_HOME") or str(Path.home() / ".flwr")
+
+
+def own_home() -> str:
+    """A Flower home for this Flower version alone: the current one's path with the
+    version appended (``~/.flwr-1.41.0``)."""
+    return f"{_home()}-{_version()}"
+
+
+#: how long ``probe_superlink`` waits for a SuperLink to fail (one that fails at its
+#: database's migration does within 5 s on a 2-core machine)
+PROBE_S = 30.0
+
+
+def probe_superlink(database: Path, timeout: float = PROBE_S) -> str | None:
+    """The last line a ``flower-superlink`` on ``database`` writes to stderr when it exits
+    within ``timeout`` (its exception), as the issue's user found the cause by hand; None if
+    there is no database, or the probe keeps running (stopped then, by its pid). The probe
+    listens on a free loopback port, never on the local SuperLink's."""
+    import socket
+    import subprocess
+
+    if not database.is_file():
+        return None
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    exe = Path(sys.executable).parent / "flower-superlink"
+    command = [str(exe) if exe.exists() else "flower-superlink", "--insecure", "--simulation",
+               "--database", str(database), "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    try:
+        proc = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+    except OSError:
+        return None
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return None
+    last = [x.strip() for x in err.splitlines() if x.strip()]
+    return last[-1] if proc.returncode and last else None
 
 
 def _version() -> str:

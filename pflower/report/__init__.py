@@ -31,7 +31,14 @@ from pflower.report.results import (
     resolve,
     write,
 )
-from pflower.report.terminal import console, human_bytes, round_line, summary_table, wire_per_round
+from pflower.report.terminal import (
+    console,
+    human_bytes,
+    loss_note,
+    round_line,
+    summary_table,
+    wire_per_round,
+)
 from pflower.report.tracking import Tracker
 
 __all__ = [
@@ -46,6 +53,7 @@ __all__ = [
     "outputs_root",
     "provenance",
     "resolve",
+    "loss_note",
     "round_line",
     "summary_table",
     "wire_per_round",

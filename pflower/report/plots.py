@@ -196,6 +196,18 @@ def _plot_clients(report: RunReport, path: Path) -> None:
 LABEL_PLOT_MAX_CLIENTS = 200
 
 
+#: room above a bar chart's tallest bar, as a share of its height
+HEADROOM = 0.08
+
+
+def with_headroom(ax, share: float = HEADROOM) -> None:
+    """The y axis up to ``1 + share`` times the tallest bar (stacked bars: their top), so
+    that no bar touches the frame (flwr-datasets' label plot ends at the tallest one)."""
+    tops = [p.get_y() + p.get_height() for p in ax.patches if p.get_height() > 0]
+    if tops:
+        ax.set_ylim(0, (1 + share) * max(tops))
+
+
 def _plot_labels(report: RunReport, path: Path) -> None:
     """The partition's label counts per client, drawn by flwr-datasets'
     ``plot_label_distributions`` from the very partitioner the clients read (built-in and
@@ -230,6 +242,7 @@ def _plot_labels(report: RunReport, path: Path) -> None:
             legend_kwargs={"title": "label", "fontsize": 7},
             plot_kwargs={"figsize": (max(6, 0.12 * report.num_nodes + 3), 4)},
         )
+        with_headroom(ax)
         fig.savefig(path, dpi=100, bbox_inches="tight")
         plt.close(fig)
     except Exception as err:  # a picture, not a result: say why and go on

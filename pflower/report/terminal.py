@@ -56,6 +56,18 @@ def round_line(entry: RoundLog, num_rounds: int) -> str:
     )
 
 
+def loss_note(entry: RoundLog, algorithm: str) -> str | None:
+    """Why a round that trained shows "train loss –" (None where it shows a loss): said once
+    per run, under the first such round line."""
+    if train_loss(entry.train) is not None or not entry.train.get("applied"):
+        return None
+    return (
+        f"(train loss –: {algorithm}'s clients report no training loss with their replies, "
+        "e.g. FFGG's gradient at the shared parameters; each evaluated round's test loss is "
+        "in results.json)"
+    )
+
+
 def _epsilon(value: float) -> str:
     return "∞" if math.isinf(value) else f"{value:.3g}"
 
