@@ -54,7 +54,9 @@ def test_the_pflower_script_lists_its_commands():
     """``pflower --help`` answers (exit 0): the commands, the algorithms, where the keys are
     documented (issue 49, item 3); no command or an unknown one is a usage error (exit 2)."""
     from pflower.config import ALGORITHMS
+    from pflower.console import ALGORITHM_NAMES
 
+    assert ALGORITHM_NAMES == ALGORITHMS  # the help's list, written out: the registry's
     helped = subprocess.run([PFLOWER, "--help"], capture_output=True, text=True, timeout=60)
     assert helped.returncode == 0, helped.stderr
     assert all(f"pflower {c}" in helped.stdout for c in ("run", "check-config", "experiment"))

@@ -66,7 +66,7 @@ file asks for: rerunning the command runs only what is missing (or changed).
 
 from __future__ import annotations
 
-from pflower.experiment.command import cli, main, parser
+from pflower.experiment.command import main, parser
 from pflower.experiment.loading import load
 from pflower.experiment.plots import plot_clients, plot_curves
 from pflower.experiment.progress import Progress
@@ -101,7 +101,6 @@ __all__ = [
     "Progress",
     "Run",
     "attack_record",
-    "cli",
     "clients_of",
     "execute",
     "finished",
