@@ -452,6 +452,7 @@ def test_a_flower_older_than_the_kit_was_checked_on_is_refused_at_the_start(
 
 
 @pytest.mark.skipif(_kit_refuses_this_flower(), reason="the kit refuses this Flower (test above)")
+@pytest.mark.drill  # a real SuperLink process (pytest -m drill)
 def test_a_superlink_in_memory_comes_up_registers_keys_and_leaves_no_database(tmp_path):
     """``superlink_state="memory"``: Flower's SuperLink with ``:flwr-in-memory:`` answers the
     CLI, takes a SuperNode's key (listed as registered; a second registration is refused as

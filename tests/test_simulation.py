@@ -69,7 +69,7 @@ def test_nan_clients_are_dropped_and_the_run_completes(tmp_path):
         "outputs-dir": str(tmp_path),
     }
     app = corrupting_app(overrides, partitions=(0,), value=np.nan)  # NaN everywhere
-    report = simulate(overrides, num_nodes=3, client_app=app)
+    report = run_local(overrides, 3, client_app=app)
     assert report.dropped == 2  # one NaN reply per round
     assert all(r.train["applied"] == 2 for r in report.rounds)
     assert report.final["clients"] == 3
@@ -116,8 +116,8 @@ def test_fedalt_pipeline_pretrain_then_personalize(tmp_path):
 
 
 def test_ffgg_and_local_ffgg_run_and_report_the_split_diagnostic(tmp_path):
-    """FFGG through the engine; Local FFGG, whose report is written by the same code, on a
-    ``LocalGrid`` (the same trajectory as the engine's: the test below)."""
+    """FFGG and Local FFGG, on a ``LocalGrid`` (the engine's trajectory: the test below, whose
+    run is FFGG's through the engine)."""
 
     for algorithm in ("ffgg", "local-ffgg"):
         overrides = {
@@ -129,10 +129,7 @@ def test_ffgg_and_local_ffgg_run_and_report_the_split_diagnostic(tmp_path):
             "server-lr": 0.5,
             "outputs-dir": str(tmp_path / algorithm),
         }
-        if algorithm == "ffgg":
-            report = simulate(overrides, num_nodes=3)
-        else:
-            report = run_local(overrides, 3)
+        report = run_local(overrides, 3)
         assert report.dropped == 0
         for r in report.rounds:
             assert 0 < r.train["grad-norm-mean"] <= r.train["grad-norm-max"]

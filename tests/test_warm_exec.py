@@ -50,6 +50,7 @@ print(json.dumps(sorted(set(sys.modules) - before)))
 """
 
 
+@pytest.mark.drill  # the warm SuperExec's forks: a minute of runs (pytest -m drill)
 def test_a_fork_of_the_warm_zygote_imports_nothing(tmp_path):
     """What the production ClientApp imports while it serves a run's messages (start-up
     query, training, evaluation; every algorithm) after the zygote's warm-up: nothing. Each
@@ -169,6 +170,7 @@ print(json.dumps({"calls": seen, "kept": [k[0].dataset for k in keys], "left": h
 """
 
 
+@pytest.mark.drill  # the warm SuperExec's forks: a minute of runs (pytest -m drill)
 def test_a_fork_hands_its_data_arrays_back_and_the_next_fork_starts_with_them(tmp_path):
     """The first fork loads the client's arrays (and a device file's); the zygote adopts the
     former only, so the second fork loads only the device file again; nothing is left on
