@@ -22,6 +22,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.drill  # a zygote's warm-up: its imports (pytest -m drill)
 def test_the_zygote_forks_single_threaded():
     from pflower.deploy.warm_exec import ForkExecutor
 
