@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
+
 from flwr.app import Context, Message, RecordDict
 
 from pflower.client_app import build_client_app, make_job, parse_config
 from pflower.strategies.client import ClientJob
+
+# Where the runs of this test process write their outputs: a directory of its own, removed when
+# the process ends (a fixed /tmp path shared by every run grew to 1.3 GB over a session's suites)
+OUTPUTS_DIR = tempfile.mkdtemp(prefix="pflower-test-outputs-")
+_OWNER = os.getpid()
+
+
+@atexit.register
+def _remove_outputs() -> None:
+    if os.getpid() == _OWNER:  # not in a forked child that inherited the hook
+        shutil.rmtree(OUTPUTS_DIR, ignore_errors=True)
+
 
 BASE = {
     "dataset": "digits",

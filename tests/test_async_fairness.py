@@ -17,7 +17,7 @@ import random
 import numpy as np
 import pytest
 from flwr.clientapp import ClientApp
-from helpers import BASE
+from helpers import BASE, OUTPUTS_DIR
 from test_async_ffgg import LINEAR
 from test_bounds import attacking_app
 
@@ -39,7 +39,7 @@ NODES = 10
 FAST = {
     **LINEAR,
     "algorithm": "async-ffgg",
-    "outputs-dir": "/tmp/pflower-test-outputs",
+    "outputs-dir": OUTPUTS_DIR,
     "sample-seed": 0,
 }
 #: digits, MLP, 2 classes per client: each client's honest direction is its own
@@ -50,7 +50,7 @@ DIGITS = {
     "classes-per-client": 2,
     "async-updates": 60,
     "evaluate-every": 1000,
-    "outputs-dir": "/tmp/pflower-test-outputs",
+    "outputs-dir": OUTPUTS_DIR,
     # a reproducible sample: the default draws it from OS entropy, and a comparison of a
     # clean and an attacked run of ~60 updates is only meaningful on one sample stream
     "sample-seed": 0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
+from helpers import OUTPUTS_DIR
 
 from pflower.config import Config, ConfigError
 from pflower.experiments import attacks
@@ -69,7 +70,7 @@ BASE = {
     "finetune-epochs": 2,
     "local-epochs": 3,
     "lr": 0.1,
-    "outputs-dir": "/tmp/pflower-test-outputs",
+    "outputs-dir": OUTPUTS_DIR,
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
-from helpers import job_for
+from helpers import OUTPUTS_DIR, job_for
 
 from pflower.client_app import build_client_app
 from pflower.config import Config, ConfigError
@@ -32,7 +32,7 @@ RUN = {
     "num-server-rounds": 2,
     "evaluate-every": 2,
     "fraction-train": 1.0,
-    "outputs-dir": "/tmp/pflower-test-outputs",
+    "outputs-dir": OUTPUTS_DIR,
 }
 NODES = 5
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord
+from helpers import OUTPUTS_DIR
 
 from pflower.client_app import build_client_app
 from pflower.config import Config
@@ -172,7 +173,7 @@ def test_server_reports_the_closed_form_errors_every_round():
             "personal-steps": DW,
             "server-lr": 50.0,
             "num-server-rounds": 3,
-            "outputs-dir": "/tmp/pflower-test-outputs",
+            "outputs-dir": OUTPUTS_DIR,
         },
         M,
     )

@@ -15,6 +15,7 @@ import types
 from pathlib import Path
 
 import pytest
+from helpers import OUTPUTS_DIR
 from test_deploy_kit import _kit_refuses_this_flower
 
 from pflower.experiments.local_grid import LocalGrid, run_local
@@ -43,7 +44,7 @@ TINY = {
     "evaluate-every": 2,
     "fraction-train": 1.0,
     "sample-seed": 0,
-    "outputs-dir": "/tmp/pflower-test-outputs",
+    "outputs-dir": OUTPUTS_DIR,
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from helpers import OUTPUTS_DIR
 
 from pflower.experiments.local_grid import LocalGrid
 
@@ -62,7 +63,7 @@ def test_threaded_clients_draw_what_they_draw_alone():
         "evaluate-every": 3,
         "fraction-train": 1.0,
         "finetune-epochs": 1,
-        "outputs-dir": "/tmp/pflower-test-outputs",
+        "outputs-dir": OUTPUTS_DIR,
     }
     alone = run_local(run, 4)
     for _ in range(2):

@@ -7,6 +7,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.client import NumPyClient
+from helpers import OUTPUTS_DIR
 
 from pflower.config import Config
 from pflower.context_store import META
@@ -25,7 +26,7 @@ RUN = {
     "local-epochs": 2,
     "personal-epochs": 2,
     "lr": 0.1,
-    "outputs-dir": "/tmp/pflower-test-outputs",
+    "outputs-dir": OUTPUTS_DIR,
     # the adapter's pipeline, not the default defence (whose cost on 4 clients of 2 classes
     # each, 3 rounds, is in docs/threat-model.md): the algorithms' own rules
     "robust-aggregator": "none",

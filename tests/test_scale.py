@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from helpers import OUTPUTS_DIR
 
 from pflower.client_app import build_client_app, parse_config
 from pflower.experiments.local_grid import LocalGrid, run_local
@@ -86,7 +87,7 @@ def test_final_evaluate_fraction_reaches_the_run():
         "num-server-rounds": 2,
         "evaluate-every": 2,
         "final-evaluate-fraction": 0.25,
-        "outputs-dir": "/tmp/pflower-test-outputs",
+        "outputs-dir": OUTPUTS_DIR,
     }
     report = run_local(run_cfg, 12)
     assert report.final["clients"] == 3 and len(report.clients) == 3
@@ -147,7 +148,7 @@ def test_arrival_order_changes_no_bit_of_the_result(algorithm):
         "algorithm": algorithm,
         "num-server-rounds": 3,
         "evaluate-every": 3,
-        "outputs-dir": "/tmp/pflower-test-outputs",
+        "outputs-dir": OUTPUTS_DIR,
     }
     cfg = parse_config(frozenset(run_cfg.items()))
     in_order = run_local(run_cfg, 7)
@@ -229,7 +230,7 @@ def test_in_deployment_the_server_pulls_every_pull_interval_with_a_short_backoff
         "num-server-rounds": 2,
         "evaluate-every": 2,
         "pull-interval": 0.02,
-        "outputs-dir": "/tmp/pflower-test-outputs",
+        "outputs-dir": OUTPUTS_DIR,
         "sample-seed": 0,  # compared with run_local's run: the same sample
     }
     cfg = parse_config(frozenset(run_cfg.items()))
