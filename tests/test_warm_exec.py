@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -345,7 +346,7 @@ def test_a_dead_task_is_answered_with_an_error_reply_to_its_message(noted):
     """What the zygote does for a killed task's child (``answer_for``): an error reply to the
     task's message (the one the child noted, else the one it had not taken yet) and the task
     ended FAILED, as Flower's run_clientapp does for a ClientApp that fails; nothing for a
-    child whose reply had been pushed, nor one whose push was cut off (said)."""
+    child whose reply had been pushed (one whose push was cut off: the next test)."""
     from flwr.common.constant import ErrorCode, SubStatus
 
     from pflower.deploy.warm_exec import answer_for
@@ -364,78 +365,250 @@ def test_a_dead_task_is_answered_with_an_error_reply_to_its_message(noted):
     assert "killed by SIGKILL" in reply.error.reason
     assert runtime.calls[-1][1][0] == SubStatus.FAILED
 
-    for record, said in (({"pushing": True, "pushed": True}, "had reached the SuperNode"),
-                         ({"pushing": True}, "cut off while it was being pushed")):  # fmt: skip
-        runtime = _FakeRuntime(waiting=message)
-        assert said in answer_for({}, {**record, "message": message}, "killed", client=runtime)
-        assert runtime.calls == []
+    runtime = _FakeRuntime(waiting=message)  # a reply pushed whole: nothing to do
+    record = {"pushing": True, "pushed": True, "message": message}
+    assert "had reached the SuperNode" in answer_for({}, record, "killed", client=runtime)
+    assert runtime.calls == []
     runtime = _FakeRuntime()  # nothing to take back: Flower's heartbeat lapse answers
     assert "heartbeat lapses" in answer_for({}, {}, "killed", client=runtime)
     assert [name for name, _ in runtime.calls] == ["PullMessages"]
 
 
+class _SuperNode:
+    """The Runtime API of a SuperNode for one task (run 5, node 42), in process: ``PushMessages``
+    and ``PushObject`` answered by Flower's own handlers on Flower's own node state (its
+    sessions, its object store: what the SuperNode's sender waits on), the task's pulls as a
+    SuperNode answers them, ``PushTaskOutput`` recorded. ``cut`` (a function of the call's
+    name and request, called before it is answered; ``after``: once answered) may raise
+    ``_Killed`` to cut the child off there."""
+
+    def __init__(self, message):
+        import types
+
+        from flwr.supercore.object_store import ObjectStoreFactory
+        from flwr.supernode.nodestate.in_memory_nodestate import InMemoryNodeState
+
+        self.message, self.state = message, InMemoryNodeState(ObjectStoreFactory().store())
+        self.task = types.SimpleNamespace(run_id=5, task_id=9)
+        self.outputs, self.calls = [], []
+        self.cut = self.after = lambda name, request: None
+
+    def _handle(self, name, request):
+        from flwr.supernode.servicer.runtime import runtime_handlers
+
+        self.calls.append(name)
+        self.cut(name, request)
+        res = getattr(runtime_handlers, name)(request, self.state, self.task)
+        self.after(name, request)
+        return res
+
+    def PullTaskInput(self, request):
+        from flwr.proto import runtime_pb2
+
+        response = runtime_pb2.PullTaskInputResponse(task_id=9)
+        response.run.run_id, response.context.node_id = 5, 42
+        return response
+
+    def PullMessages(self, request):
+        from flwr.common.serde import message_to_proto
+        from flwr.proto import runtime_pb2
+
+        response = runtime_pb2.PullAppMessagesResponse(
+            messages_list=[message_to_proto(self.message)]
+        )
+        response.message_object_trees.add().object_id = "a" * 64
+        return response
+
+    def PushMessages(self, request):
+        return self._handle("push_messages", request)
+
+    def PushObject(self, request):
+        return self._handle("push_object", request)
+
+    def ConfirmMessageReceived(self, request):
+        return self._handle("confirm_message_received", request)
+
+    def PushTaskOutput(self, request):
+        from flwr.common.serde import context_from_proto
+
+        context = context_from_proto(request.context) if request.HasField("context") else None
+        self.outputs.append((request.sub_status, request.details, context))
+
+    def client_class(self):
+        """A client class for Flower's run_clientapp module: its instances are this node."""
+        node = self
+
+        class Runtime(_SuperNode):
+            def __init__(self):
+                self.__dict__ = node.__dict__
+
+        return Runtime
+
+    def reply_as_sent(self, reply_id=None):
+        """The reply as the SuperNode's sender (``_push_messages``) would send it: its id
+        (the one it takes, or ``reply_id``: taken before), and its objects' contents (``None``:
+        removed from the store; ``b""``: still awaited)."""
+        from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
+
+        if reply_id is None:
+            (reply,) = self.state.get_messages_legacy(is_reply=True)  # as the sender takes it
+            reply_id = reply.metadata.message_id
+        store = self.state.object_store
+        tree = store.get_object_tree(reply_id)
+        return reply_id, {
+            node.object_id: store.get(node.object_id) for node in iterate_object_tree(tree)
+        }
+
+
+class _Killed(BaseException):
+    """The kill of a task's child, where ``_SuperNode.cut`` raises it."""
+
+
+def _reply_and_context(message):
+    """A training reply with arrays (several objects, pushed by Flower's pushing threads), and
+    a context whose state the ClientApp changed."""
+    import numpy as np
+    from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=(50, 20)).astype("float32"), np.arange(7.0), np.ones((3, 4))]
+    reply = Message(
+        RecordDict({"arrays": ArrayRecord(arrays), "metrics": MetricRecord({"loss": 0.25})}),
+        reply_to=message,
+    )
+    context = Context(run_id=5, node_id=42, node_config={}, state=RecordDict(), run_config={})
+    context.state["personal"] = MetricRecord({"rounds": 3})
+    return reply, context, arrays
+
+
 def test_a_task_child_notes_its_message_and_its_reply_push(tmp_path, monkeypatch):
     """What a task's child notes for the zygote (``_record_progress``, around the Runtime API
-    client Flower's ``run_clientapp`` builds and its ``push_message``): its run and task once
-    pulled, its message as soon as it is taken (before its arrays), then the start and the
-    end of its reply's push."""
-    from flwr.common.serde import message_to_proto
-    from flwr.proto import runtime_pb2
+    client Flower's ``run_clientapp`` builds and Flower's own ``push_message``): its run and
+    task once pulled, its message as soon as it is taken (before its arrays), the reply it is
+    about to push, kept whole before the push starts (each object's bytes, under the ids the
+    SuperNode asks for), the SuperNode's push session and the objects it asked for, each
+    object it stored, and the push's end, after which nothing of the reply is left."""
     from flwr.supernode.runtime import run_clientapp as flower
 
     from pflower.deploy.warm_exec import _read_progress, _record_progress
 
     message, progress, seen = _message(), tmp_path / "1.progress", []
+    node = _SuperNode(message)
 
-    class Runtime:  # the calls run_clientapp makes, answered as a SuperNode would
-        def PullTaskInput(self, request):
-            response = runtime_pb2.PullTaskInputResponse(task_id=9)
-            response.run.run_id, response.context.node_id = 5, 42
-            return response
+    def at_push_messages(name, request):  # as noted when the push starts
+        if name == "push_messages":
+            seen.append((_peek(progress), _peek(progress.with_suffix(".reply"))))
 
-        def PullMessages(self, request):
-            response = runtime_pb2.PullAppMessagesResponse(
-                messages_list=[message_to_proto(message)]
-            )
-            response.message_object_trees.add().object_id = "a" * 64
-            return response
-
-        def PushMessages(self, request):
-            seen.append(_read_progress(progress))  # as noted when the push starts
-            _note_again(progress, seen[-1])
-            return runtime_pb2.PushAppMessagesResponse()
-
-    def push_message(client, reply, context):
-        client.PushMessages(None)
-
-    monkeypatch.setattr(flower, "RuntimeHttpClient", Runtime)
-    monkeypatch.setattr(flower, "push_message", push_message)
+    node.cut = at_push_messages
+    monkeypatch.setattr(flower, "RuntimeHttpClient", node.client_class())
     _record_progress(progress)
     client = flower.RuntimeHttpClient()
     client.PullTaskInput(None)
     assert set(_peek(progress)) == {"run", "task", "node"}  # not yet its message
     client.PullMessages(None)
     assert _peek(progress)["message"].metadata.message_id == "a" * 64
-    flower.push_message(client, None, None)
+    reply, context, arrays = _reply_and_context(message)
+    flower.push_message(client, reply, context)
+
+    ((noted, kept),) = seen
+    assert noted["pushing"] and noted["kept"] and "pushed" not in noted and "session" not in noted
+    reply_id, sent = node.reply_as_sent()
+    assert noted["reply_id"] == reply_id
+    assert kept["objects"] == sent  # every object's bytes, as the SuperNode stored them
+    assert (kept["node"], kept["run"], kept["status"], kept["details"]) == (42, 5, "completed", "")
+    # the arrays' bytes are in what was kept
+    assert any(arrays[0].tobytes() in content for content in kept["objects"].values())
     record = _read_progress(progress)
-    assert seen[0]["pushing"] and "pushed" not in seen[0]
     assert {k: record[k] for k in ("run", "task", "node", "pushing", "pushed")} == {
         "run": 5, "task": 9, "node": 42, "pushing": True, "pushed": True,
     }  # fmt: skip
+    assert record["session"] and set(record["to_push"]) == set(sent) == record["sent"]
     assert record["message"].metadata.reply_to_message_id == ""
-    assert not progress.exists()  # read once, removed
+    assert not list(tmp_path.iterdir())  # read once, removed; the kept reply too
+
+
+@pytest.mark.parametrize("cut", ["after-first-object", "before-its-answer", "not-kept"])
+def test_a_reply_cut_off_mid_push_is_pushed_whole_by_the_zygote(tmp_path, monkeypatch, cut):
+    """Issue 50: a child killed while it pushed its reply left Flower's SuperNode waiting for
+    the rest of it forever (its sender loops while an object's content is ``b""``). The
+    zygote (``answer_for``) now finishes the push from what the child kept and ends the task
+    as Flower's ``run_clientapp`` does after a push (COMPLETED, the ClientApp's context):
+    killed once the SuperNode had stored one object (the rest pushed in the child's push
+    session), or once the SuperNode had taken its ``PushMessages`` but before the child heard
+    the answer (``PushMessages`` again: the SuperNode keeps the message and asks for what it
+    lacks). Either way the SuperNode ends with the reply whole, equal to the ClientApp's
+    reply. Where nothing was kept, the reply's objects are removed, so the SuperNode's
+    sender fails that send and goes on (``None``), and the task ends FAILED."""
+    from flwr.app import Message
+    from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+    from flwr.supernode.runtime import run_clientapp as flower
+
+    from pflower.deploy.warm_exec import _read_progress, _record_progress, answer_for
+
+    message, progress = _message(), tmp_path / "1.progress"
+    node = _SuperNode(message)
+    stored = []
+
+    def kill(name, request):
+        if cut == "before-its-answer" and name == "push_messages":
+            raise _Killed
+        if cut != "before-its-answer" and name == "push_object" and stored:
+            raise _Killed  # the second object's push and every one after it
+
+    def count(name, request):
+        if name == "push_object":
+            stored.append(request.object_id)
+
+    node.after = kill if cut == "before-its-answer" else count
+    node.cut = (lambda name, request: None) if cut == "before-its-answer" else kill
+    monkeypatch.setattr(flower, "RuntimeHttpClient", node.client_class())
+    _record_progress(progress)
+    client = flower.RuntimeHttpClient()
+    client.PullTaskInput(None)
+    client.PullMessages(None)
+    reply, context, arrays = _reply_and_context(message)
+    with pytest.raises(_Killed):
+        flower.push_message(client, reply, context)
+    reply_id, contents = node.reply_as_sent()
+    assert b"" in contents.values()  # what the SuperNode's sender would wait for, forever
+    if cut == "not-kept":
+        progress.with_suffix(".reply").unlink()
+    record = _read_progress(progress)
+    assert record["pushing"] and "pushed" not in record
+    node.cut = node.after = lambda name, request: None
+    node.calls.clear()
+
+    done = answer_for({}, record, "killed by SIGKILL", client=node)
+
+    if cut == "not-kept":
+        assert "had not been kept" in done
+        assert node.state.object_store.get(reply_id) is None  # the sender's wait ends
+        ((status, details, kept_context),) = node.outputs
+        assert status == "failed" and "killed by SIGKILL" in details and kept_context is None
+        return
+    assert "pushed from what the child kept" in done, done
+    assert node.calls[0] == ("push_messages" if cut == "before-its-answer" else "push_object")
+    resent = [c for c in node.calls if c == "push_object"]
+    # only what the SuperNode lacked: not the object(s) the child had pushed
+    assert record.get("sent", set()) == set(stored)
+    assert (len(stored) > 0) == (cut == "after-first-object")
+    assert len(resent) == len(contents) - len(stored)
+    _, contents = node.reply_as_sent(reply_id)
+    assert b"" not in contents.values() and None not in contents.values()
+    assert not node.state.get_messages_legacy(is_reply=True)  # no second reply to send
+    whole = inflate_object_from_contents(reply_id, dict(contents))
+    assert isinstance(whole, Message)
+    got = [a.numpy() for a in whole.content["arrays"].values()]
+    assert all(np.array_equal(a, b) for a, b in zip(got, arrays, strict=True))
+    assert whole.content["metrics"]["loss"] == 0.25
+    assert whole.metadata.reply_to_message_id == "a" * 64
+    ((status, details, kept_context),) = node.outputs  # the task's end, as run_clientapp's
+    assert (status, details) == ("completed", "")
+    assert kept_context.state["personal"]["rounds"] == 3
 
 
 def _peek(path):
-    import pickle
-
     return pickle.loads(path.read_bytes())
-
-
-def _note_again(path, record):
-    from pflower.deploy.warm_exec import _note
-
-    _note(path, **record)
 
 
 # --- the crash drill of the warm path (issue 50, item 5) -----------------------------------

@@ -131,28 +131,89 @@ def _note(path: Path, **fields) -> None:
 
 
 def _read_progress(path: Path) -> dict:
-    """What a task's child recorded (``_note``), ``{}`` where it recorded nothing; removed."""
+    """What a task's child recorded (``_note``), ``{}`` where it recorded nothing; removed.
+    With ``sent``: the objects of its reply the SuperNode stored (``_sent``), and
+    ``reply_file`` where it kept its reply (``_keep``; the answer removes it)."""
     try:
-        return pickle.loads(path.read_bytes())
+        record = pickle.loads(path.read_bytes())
     except Exception:  # nothing recorded, or cut off: the child died before it noted anything
-        return {}
+        record = {}
     finally:
         path.unlink(missing_ok=True)
         path.with_suffix(".part").unlink(missing_ok=True)
+    sent = path.with_suffix(".sent")
+    with contextlib.suppress(FileNotFoundError):
+        # whole lines only: a line cut off by the kill is no object id
+        record["sent"] = {i for i in sent.read_text().split("\n") if len(i) == 64}
+        sent.unlink()
+    path.with_suffix(".reply-part").unlink(missing_ok=True)
+    if path.with_suffix(".reply").exists():
+        record["reply_file"] = str(path.with_suffix(".reply"))
+    return record
+
+
+#: the crash drill's hook (tests/test_warm_exec.py): where this names a file, the first task's
+#: child that removes it kills itself (SIGKILL) once the SuperNode has stored the first object
+#: of its reply, mid-push
+DRILL_KILL_MID_PUSH = "PFLOWER_WARM_EXEC_DRILL_KILL_MID_PUSH"
+
+
+def _keep(progress: Path, reply: dict | None, reply_id: str) -> None:
+    """In a task's child, as its reply's push starts: keep what the zygote needs to finish
+    that push (``reply``: ``flower.kept_reply``) next to ``progress`` (whole, or not at all),
+    then note that the push started and the reply's id. Written before the first byte of
+    the reply leaves the child: a child killed while it writes has pushed nothing (it is
+    answered for with an error reply); one that cannot write it pushes all the same."""
+    kept = False
+    if reply is not None:
+        path, part = progress.with_suffix(".reply"), progress.with_suffix(".reply-part")
+        try:
+            with open(part, "wb") as f:  # the arrays' bytes straight to the file, no copy
+                pickle.dump(reply, f, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(part, path)
+            kept = True
+        except Exception:  # disk full: the push goes on; cut off, it is dropped (answer_for)
+            part.unlink(missing_ok=True)
+    _note(progress, pushing=True, reply_id=reply_id, kept=kept)
+
+
+def _sent(progress: Path, object_id: str) -> None:
+    """In a task's child (one of Flower's pushing threads): add ``object_id``, stored by the
+    SuperNode, to the list next to ``progress`` (one line, one write, appended)."""
+    fd = os.open(progress.with_suffix(".sent"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{object_id}\n".encode())
+    finally:
+        os.close(fd)
+    drill = os.environ.get(DRILL_KILL_MID_PUSH)
+    if drill:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(drill)  # one task only: the one that removes it
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _pushed(progress: Path) -> None:
+    """In a task's child, once its reply is pushed whole: noted; what it kept is removed."""
+    _note(progress, pushed=True)
+    progress.with_suffix(".reply").unlink(missing_ok=True)
 
 
 def _record_progress(progress: Path) -> None:
     """In a task's child: note, at ``progress``, the task's run and id once Flower's
     ``run_clientapp`` has pulled them, its message (without content) as soon as it is taken
-    (before its arrays are pulled: the longest part of a fork's life on loopback), and when
-    its reply's push starts and ends, so that the zygote can answer for a child that dies
-    (``answer_for``). Through ``pflower.flower.superexec.note_progress`` (checked by
-    ``cannot_warm``), in this child only."""
+    (before its arrays are pulled: the longest part of a fork's life on loopback), and its
+    reply's push: the reply kept before it starts (``_keep``), the SuperNode's push session
+    and the objects it asked for, each object it stored (``_sent``), and the push's end, so
+    that the zygote can answer for a child that dies (``answer_for``) or finish its push.
+    Through ``pflower.flower.superexec.note_progress`` (checked by ``cannot_warm``), in this
+    child only."""
     flower.note_progress(
         pulled_task=lambda run, task, node: _note(progress, run=run, task=task, node=node),
         took_message=lambda message: _note(progress, message=message),
-        pushing=lambda: _note(progress, pushing=True),
-        pushed=lambda: _note(progress, pushed=True),
+        pushing=lambda reply, reply_id: _keep(progress, reply, reply_id),
+        push_began=lambda session, ids: _note(progress, session=session, to_push=ids),
+        object_sent=lambda object_id: _sent(progress, object_id),
+        pushed=lambda: _pushed(progress),
     )
 
 
@@ -201,24 +262,21 @@ def answer_for(spec: dict, record: dict, how: str, client=None) -> str:
     Flower's ``run_clientapp`` does for a ClientApp that fails — an error reply to the task's
     message, then the task's end (FAILED) — through the SuperNode's Runtime API with the
     task's own token, so the SuperNode sends the server that reply (which drops it: that node's
-    reply is lost in this round only) and hands out the next round's task as usual. Returns
-    what was done, for the log.
+    reply is lost in this round only) and hands out the next round's task as usual; for a
+    child killed while it pushed its reply, the rest of that push from the reply it kept
+    (``_finish_push``: its reply reaches the server). Returns what was done, for the log.
 
     Flower's own SuperExec does nothing for a dead ``flwr-clientapp`` (``reconcile`` is empty);
     its SuperNode answers "ClientApp stopped responding" once the task's heartbeat lapses
     (60 s), but only for a message the ClientApp had taken, and it waits for the rest of a
     reply whose push was cut off forever; a fork that lives ~1 s spends much of its life in
     those windows. ``record`` is what the child noted (``_record_progress``): its message once
-    taken; whether its reply's push started and ended."""
+    taken; whether its reply's push started (and what it kept of it) and ended."""
     if record.get("pushed"):
         return "its reply had reached the SuperNode; nothing to answer"
-    if record.get("pushing"):
-        return (
-            "its reply was cut off while it was being pushed: Flower's SuperNode waits for "
-            "the rest of it, and this node runs nothing more until it is restarted "
-            "(`pflower deploy down` + `up`)"
-        )
     client = client or flower.runtime_client(spec)
+    if record.get("pushing"):
+        return _finish_push(client, record, how)
     message = record.get("message")
     if message is None:  # it died before it took its message: take it, to answer it
         message = flower.take_message(client)
@@ -232,6 +290,37 @@ def answer_for(spec: dict, record: dict, how: str, client=None) -> str:
         client, message, f"the ClientApp's process was {how} (pflower warm SuperExec)"
     )
     return "answered with an error reply to its message (the server drops it: this round only)"
+
+
+def _finish_push(client, record: dict, how: str) -> str:
+    """For a child killed while it pushed its reply (Flower's SuperNode waits for the rest of
+    it forever, and runs nothing more): push what the SuperNode still lacks from the reply
+    the child kept and end the task as Flower's ``run_clientapp`` would have
+    (``flower.complete_push``); where it kept nothing, remove the reply from the SuperNode so
+    that its send fails and it goes on (``flower.drop_reply``)."""
+    reply = None
+    with contextlib.suppress(Exception), open(record["reply_file"], "rb") as f:
+        reply = pickle.load(f)  # not kept (no file), or cut off: dropped below
+    if reply is not None:
+        stored, lacking = flower.complete_push(
+            client, reply, record.get("session"), record.get("to_push", ()),
+            record.get("sent", set()),
+        )  # fmt: skip
+        return (
+            f"its reply was cut off while it was being pushed; the {lacking} of its objects the "
+            f"SuperNode still lacked pushed from what the child kept ({stored} stored), and "
+            f"its task ended as Flower's run_clientapp ends it ({reply['status']}): the reply "
+            "goes to the server in this round"
+        )
+    flower.drop_reply(
+        client, record["run"], record["node"], record["reply_id"],
+        f"the ClientApp's process was {how} while it pushed its reply (pflower warm SuperExec)",
+    )  # fmt: skip
+    return (
+        "its reply was cut off while it was being pushed, and had not been kept: removed from "
+        "the SuperNode (its send fails, and the node goes on), the task ended FAILED; the "
+        "server has no reply from this node in this round"
+    )
 
 
 def _zygote(conn: Connection, task=None, answer=None) -> None:
@@ -271,6 +360,9 @@ def _answer_job(answer, pid: int, spec: dict, record: dict, how: str) -> int:
         done = answer(spec, record, how)
     except Exception as err:  # the SuperNode gone too, a Flower that changed: said
         done = f"could not answer for it ({type(err).__name__}: {err})"
+    finally:
+        if record.get("reply_file"):
+            Path(record["reply_file"]).unlink(missing_ok=True)
     _say(f"the task of pid {pid}: {done}")
     return 0
 
@@ -297,6 +389,8 @@ def _reap(conn: Connection, tasks: dict[int, dict], answering: set[int], handed:
             _adopt(handed / f"{pid}.pkl")
         record = _read_progress(handed / f"{pid}.progress")
         if not os.WIFSIGNALED(status):
+            if record.get("reply_file"):  # one that exited mid-push: its push failed, said
+                Path(record["reply_file"]).unlink(missing_ok=True)
             continue  # ended by Flower's run_clientapp, which answered for itself
         how = how_it_ended(status)
         where = (

@@ -11,8 +11,15 @@ so the warm SuperExec uses, as Flower 1.41 has them:
 - ``flwr.supernode.runtime.run_clientapp``: ``run_clientapp`` (what a ``flwr-clientapp``
   process runs; ``run_task``) with the keywords ``RUN_CLIENTAPP_KEYWORDS``, and, in a task's
   child only, its Runtime API client class and ``push_message`` wrapped to note how far the
-  task got (``note_progress``); its ``push_message`` and ``push_task_output`` to answer for a
-  child that was killed (``answer_failed``);
+  task got and to keep the reply it pushes (``note_progress``: the reply's objects as
+  ``push_message`` pushes them, Flower's ``get_all_nested_objects`` and each object's
+  ``deflate``, and the context its exit pushes); its ``push_message`` and ``push_task_output``
+  to answer for a child that was killed (``answer_failed``), ``push_task_output`` to end the
+  task of a child killed while it pushed its reply (``complete_push``);
+- ``flwr.proto``: the Runtime API's ``PushMessages`` (its response's ``session_id`` and
+  ``objects_to_push``), ``PushObject`` (with ``session_id``) and ``ConfirmMessageReceived``
+  requests, which ``complete_push`` and ``drop_reply`` send as ``push_message`` does
+  (``PUSH_FIELDS``);
 - ``flwr.supercore.tls``, ``flwr.supercore.interceptors``, ``flwr.supercore.retry``,
   ``flwr.supercore.runtime``: a Runtime API client with a task's token, built as
   ``run_clientapp`` builds its own (``runtime_client``).
@@ -44,8 +51,26 @@ RUN_CLIENTAPP_KEYWORDS = (
     "parent_pid",
     "runtime_dependency_install",
 )
-#: what ``note_progress`` wraps and ``answer_failed`` calls in Flower's run_clientapp module
-RUN_CLIENTAPP_HOOKS = ("RuntimeHttpClient", "push_message", "push_task_output")
+#: what ``note_progress`` wraps and uses, and ``answer_failed`` and ``complete_push`` call, in
+#: Flower's run_clientapp module
+RUN_CLIENTAPP_HOOKS = (
+    "RuntimeHttpClient",
+    "push_message",
+    "push_task_output",
+    "get_all_nested_objects",
+)
+#: the Runtime API's messages and the fields ``complete_push`` and ``drop_reply`` use
+PUSH_FIELDS = {
+    "flwr.proto.runtime_pb2.PushAppMessagesRequest": ("messages_list", "message_object_trees"),
+    "flwr.proto.runtime_pb2.PushAppMessagesResponse": ("objects_to_push", "session_id"),
+    "flwr.proto.message_pb2.PushObjectRequest": (
+        "node", "run_id", "object_id", "object_content", "session_id",
+    ),
+    "flwr.proto.message_pb2.PushObjectResponse": ("stored",),
+    "flwr.proto.message_pb2.ConfirmMessageReceivedRequest": (
+        "node", "run_id", "message_object_id",
+    ),
+}  # fmt: skip
 
 
 def superexec_module():
@@ -78,6 +103,15 @@ def cannot_warm(superexec) -> str | None:
         missing = [n for n in RUN_CLIENTAPP_HOOKS if not callable(getattr(module, n, None))]
         if missing:
             return f"this Flower's run_clientapp module has no {missing[0]}"
+        pushes = inspect.getsource(module.push_message)
+        for call in ("client.PushMessages(", "client.PushObject", "get_all_nested_objects("):
+            if call not in pushes:  # note_progress keeps the reply from what these see
+                return f"this Flower's push_message no longer calls {call.rstrip('(')}"
+        for path, fields in PUSH_FIELDS.items():
+            where, name = path.rsplit(".", 1)
+            known = getattr(importlib.import_module(where), name).DESCRIPTOR.fields_by_name
+            if lost := [f for f in fields if f not in known]:
+                return f"this Flower's {name} has no field {lost[0]}"
     except TypeError as err:
         return f"this Flower's run_clientapp takes other arguments ({err})"
     except Exception as err:  # moved, renamed, shipped without source
@@ -126,16 +160,21 @@ def run_task(spec: dict) -> None:
     )
 
 
-def note_progress(pulled_task, took_message, pushing, pushed) -> None:
+def note_progress(pulled_task, took_message, pushing, push_began, object_sent, pushed) -> None:
     """In a task's child, before ``run_task``: call ``pulled_task(run, task, node)`` once
     ``run_clientapp`` has pulled its task, ``took_message(message)`` (without its content)
-    once it has taken its message, ``pushing()`` when its reply's push starts and ``pushed()``
-    when it has ended. Wraps, in this child only, the Runtime API client class
-    ``run_clientapp`` builds and its ``push_message``."""
+    once it has taken its message; ``pushing(reply, reply_id)`` when its reply's push starts,
+    before the Runtime API's ``PushMessages`` (``reply``: what ``complete_push`` needs to
+    finish that push, ``kept_reply``), ``push_began(session_id, object_ids)`` with that call's
+    answer (the push session and the objects the SuperNode asked for), ``object_sent(id)`` as
+    each ``PushObject`` is stored (from Flower's pushing threads) and ``pushed()`` when the
+    push has ended. Wraps, in this child only, the Runtime API client class ``run_clientapp``
+    builds and its ``push_message``."""
     from flwr.common.serde import message_from_proto
 
     flower = runtime_module()
     push = flower.push_message
+    replying = []  # the (reply, context) push_message is pushing
 
     class NotingClient(flower.RuntimeHttpClient):
         def PullTaskInput(self, request):
@@ -153,14 +192,98 @@ def note_progress(pulled_task, took_message, pushing, pushed) -> None:
             return res
 
         def PushMessages(self, request):
-            pushing()
-            return super().PushMessages(request)
+            reply = kept_reply(request, *replying.pop()) if replying else None
+            pushing(reply, request.message_object_trees[0].object_id)
+            res = super().PushMessages(request)
+            push_began(res.session_id, list(res.objects_to_push))
+            return res
+
+        def PushObject(self, request):
+            res = super().PushObject(request)
+            if res.stored:
+                object_sent(request.object_id)
+            return res
 
     def push_message(client, message, context):
+        replying.append((message, context))
         push(client, message, context)
         pushed()
 
     flower.RuntimeHttpClient, flower.push_message = NotingClient, push_message
+
+
+def kept_reply(request, message, context) -> dict:
+    """What ``complete_push`` needs to finish the push of ``message`` (a reply) that
+    ``request`` (Flower's ``PushMessages``) starts: the request, each of the message's objects
+    as ``push_message`` pushes it (id: its ``deflate()``; called inside ``push_message``, whose
+    ``no_object_id_recompute`` keeps the ids it computed), and what the task's end reports:
+    its context (``run_clientapp`` pushes it at exit, unchanged since the push) and its status
+    (``run_clientapp``'s: COMPLETED, or FAILED with the reason of an error reply)."""
+    from flwr.common.constant import SubStatus
+    from flwr.common.serde import context_to_proto
+
+    objects = runtime_module().get_all_nested_objects(message)
+    failed = message.has_error()
+    return {
+        "request": request.SerializeToString(),
+        "objects": {object_id: obj.deflate() for object_id, obj in objects.items()},
+        "context": context_to_proto(context).SerializeToString(),
+        "node": context.node_id,
+        "run": context.run_id,
+        "status": SubStatus.FAILED if failed else SubStatus.COMPLETED,
+        "details": message.error.reason if failed else "",
+    }
+
+
+def complete_push(client, reply: dict, session_id: str | None, to_push, sent) -> tuple[int, int]:
+    """Finish, through ``client`` (the task's token), the push of a reply its child began
+    (``reply``: ``kept_reply``) and end its task as ``run_clientapp`` would have. Where the
+    SuperNode had answered its ``PushMessages`` (``session_id``, ``to_push``), the objects it
+    asked for that were not stored yet (not in ``sent``) are pushed in that session; else the
+    ``PushMessages`` is sent again (a SuperNode that holds the message keeps it, and answers
+    with the objects it still lacks in a new session), then those objects. A SuperNode
+    stores an object only while its session waits for it: pushed twice, nothing changes.
+    Returns (objects stored, objects pushed)."""
+    from flwr.common.serde import context_from_proto
+    from flwr.proto.message_pb2 import Context as ContextProto  # pylint: disable=E0611
+    from flwr.proto.message_pb2 import PushObjectRequest  # pylint: disable=E0611
+    from flwr.proto.node_pb2 import Node  # pylint: disable=E0611
+    from flwr.proto.runtime_pb2 import PushAppMessagesRequest  # pylint: disable=E0611
+
+    if session_id is None:  # cut off before the SuperNode answered (or heard) its PushMessages
+        res = client.PushMessages(PushAppMessagesRequest.FromString(reply["request"]))
+        session_id, lacking = res.session_id, list(res.objects_to_push)
+    else:
+        lacking = [object_id for object_id in to_push if object_id not in sent]
+    stored = 0
+    for object_id in lacking:
+        res = client.PushObject(
+            PushObjectRequest(
+                node=Node(node_id=reply["node"]), run_id=reply["run"], object_id=object_id,
+                object_content=reply["objects"][object_id], session_id=session_id,
+            )
+        )  # fmt: skip
+        stored += bool(res.stored)
+    context = context_from_proto(ContextProto.FromString(reply["context"]))
+    runtime_module().push_task_output(client, context, reply["status"], reply["details"])
+    return stored, len(lacking)
+
+
+def drop_reply(client, run_id: int, node_id: int, reply_id: str, reason: str) -> None:
+    """For a reply whose push was cut off and whose objects were not kept: remove its objects
+    from the SuperNode's store (``ConfirmMessageReceived``, which deletes the tree under the
+    id it is given) so that the SuperNode's send of it, waiting for them, fails and it goes
+    on, then end the task FAILED (``reason``)."""
+    from flwr.common.constant import SubStatus
+    from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest  # pylint: disable=E0611
+    from flwr.proto.node_pb2 import Node  # pylint: disable=E0611
+
+    client.ConfirmMessageReceived(
+        ConfirmMessageReceivedRequest(
+            node=Node(node_id=node_id), run_id=run_id, message_object_id=reply_id
+        )
+    )
+    runtime_module().push_task_output(client, None, SubStatus.FAILED, reason)
 
 
 def runtime_client(spec: dict, max_tries: int = 3):
