@@ -1095,8 +1095,8 @@ PLANTS = [
         "pflower/flower/superexec.py",
         [
             (
-                'RUN_CLIENTAPP_HOOKS = ("RuntimeHttpClient", "push_message", "push_task_output")',
-                'RUN_CLIENTAPP_HOOKS = ("RuntimeHttpClient", "push_message")',
+                '    "push_task_output",\n    "get_all_nested_objects",\n)',
+                '    "get_all_nested_objects",\n)',
             )
         ],
         [T + "test_flower_boundary.py"],
@@ -1149,6 +1149,35 @@ PLANTS = [
         "pflower/deploy/warm_exec.py",
         [("        if not os.WIFSIGNALED(status):\n", "        if True:\n")],
         [WARM + "test_a_killed_task_is_said_answered_for_and_the_next_task_runs"],
+    ),
+    Plant(
+        "crashes: a reply cut off mid-push is left to the SuperNode, which waits for it forever",
+        "pflower/deploy/warm_exec.py",
+        [
+            (
+                "    if reply is not None:\n        stored, lacking = flower.complete_push(",
+                "    if reply is not None:\n        return ''\n        stored, lacking = "
+                "flower.complete_push(",
+            )
+        ],
+        [WARM + "test_a_reply_cut_off_mid_push_is_pushed_whole_by_the_zygote"],
+    ),
+    Plant(
+        "crashes: a cut-off push finished without the objects the SuperNode still lacks",
+        "pflower/flower/superexec.py",
+        [
+            (
+                "        lacking = [object_id for object_id in to_push if object_id not in sent]",
+                "        lacking = [object_id for object_id in to_push if object_id in sent]",
+            )
+        ],
+        [WARM + "test_a_reply_cut_off_mid_push_is_pushed_whole_by_the_zygote"],
+    ),
+    Plant(
+        "crashes: a child keeps its reply's objects under ids the SuperNode does not ask for",
+        "pflower/flower/superexec.py",
+        [("        \"objects\": {object_id: obj", "        \"objects\": {object_id[::-1]: obj")],
+        [WARM + "test_a_task_child_notes_its_message_and_its_reply_push"],
     ),
     Plant(
         "crashes: down's SIGTERM to the process and to its group at once (a second SIGTERM)",

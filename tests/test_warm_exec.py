@@ -724,3 +724,57 @@ def test_a_warm_federation_recovers_within_a_round_from_a_killed_task_and_a_kill
         assert r == fork_round or by_round[r]["train"]["applied"] == 2, (r, by_round[r])
         assert by_round[r]["seconds"] < 60, seconds
     assert final["final"]["clients"] == 2
+
+
+@pytest.mark.skipif(
+    shutil.which("flower-superlink") is None
+    and not (Path(sys.executable).parent / "flower-superlink").exists(),
+    reason="Flower's deployment executables are not installed",
+)
+@pytest.mark.drill
+def test_a_warm_federation_loses_no_reply_when_a_task_is_killed_mid_push(tmp_path, monkeypatch):
+    """Issue 50, on the loopback deployment (TLS, authentication, gateway, two warm
+    SuperNodes): a task's fork SIGKILLed while it pushes its reply, once the SuperNode has
+    stored the first object of it (the warm SuperExec's drill hook, ``DRILL_KILL_MID_PUSH``,
+    armed after round 1 started). Its warm SuperExec pushes the rest from what the fork kept
+    and ends the task: every round has both nodes' replies (none dropped, not even the
+    killed one's), no round waits for the round timeout, and ``flwr run`` exits 0. Before,
+    Flower's SuperNode waited for the rest of the reply forever and ran nothing more."""
+    from test_deployment import RUN, _free_port, _results, _wait_for
+
+    from pflower.deploy import Federation
+    from pflower.deploy.warm_exec import DRILL_KILL_MID_PUSH
+
+    trigger = tmp_path / "kill-mid-push"
+    monkeypatch.setenv(DRILL_KILL_MID_PUSH, str(trigger))
+    rounds = 4
+    run_config = {**RUN, "num-server-rounds": rounds, "evaluate-every": rounds,
+                  "outputs-dir": str(tmp_path / "outputs")}  # fmt: skip
+    fed = Federation(tmp_path / "fed", supernodes=2, port=_free_port(), warm=True,
+                     poll_interval=0.2)  # fmt: skip
+    log = fed.logs / "run.log"
+    try:
+        fed.up()
+        run = fed.submit(run_config, REPO, "run")
+        _wait_for(log, f"round 1/{rounds}", run, timeout=300)
+        trigger.write_text("")  # the next reply pushed by either node's fork
+        assert _until(lambda: not trigger.exists(), timeout=300), "no reply was pushed"
+        assert run.wait(600) == 0, log.read_text(errors="replace")[-4000:]
+        said = "".join(
+            (fed.logs / f"warm-exec-{i}.log").read_text(errors="replace") for i in range(2)
+        )
+    finally:
+        fed.stop_all()
+    assert "was killed by SIGKILL; answering for it" in said, said[-3000:]
+    assert "its reply was cut off while it was being pushed; the " in said, said[-3000:]
+    assert "pushed from what the child kept" in said and "(completed)" in said
+
+    (final,) = _results(tmp_path / "outputs")
+    by_round = {r["round"]: r for r in final["rounds"]}
+    seconds = {r: round(e["seconds"], 2) for r, e in by_round.items()}
+    print(f"round seconds {seconds}")
+    assert sorted(by_round) == list(range(1, rounds + 1))
+    for r, entry in by_round.items():  # the killed fork's reply among them
+        assert not entry["dropped"] and entry["train"]["applied"] == 2, (r, entry)
+        assert entry["seconds"] < 60, seconds  # the round timeout: at least 120 s
+    assert final["final"]["clients"] == 2
