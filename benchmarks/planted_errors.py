@@ -1176,7 +1176,7 @@ PLANTS = [
     Plant(
         "crashes: a child keeps its reply's objects under ids the SuperNode does not ask for",
         "pflower/flower/superexec.py",
-        [("        \"objects\": {object_id: obj", "        \"objects\": {object_id[::-1]: obj")],
+        [('        "objects": {object_id: obj', '        "objects": {object_id[::-1]: obj')],
         [WARM + "test_a_task_child_notes_its_message_and_its_reply_push"],
     ),
     Plant(

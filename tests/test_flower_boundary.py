@@ -358,8 +358,10 @@ def test_the_kits_flower_cli_touches_moved_are_refused_by_name(monkeypatch, tmp_
 @KIT_FLOWER
 def test_the_warm_superexecs_flower_touches_moved_say_what_changed(monkeypatch):
     """``pflower.flower.superexec``: Flower's ``run_clientapp`` module gone, or without a hook
-    the warm SuperExec wraps: ``cannot_warm`` names it (the warm SuperExec then runs Flower's
-    own, cold); importing the warm SuperExec's module loads none of these Flower modules."""
+    the warm SuperExec wraps, its ``push_message`` pushing otherwise, a Runtime API message
+    without a field the warm SuperExec sends: ``cannot_warm`` names it (the warm SuperExec
+    then runs Flower's own, cold); importing the warm SuperExec's module loads none of these
+    Flower modules."""
     import flwr.supernode.runtime.run_clientapp as flowers
     from flwr.supercore.superexec import run_superexec
 
@@ -369,6 +371,20 @@ def test_the_warm_superexecs_flower_touches_moved_say_what_changed(monkeypatch):
     monkeypatch.delattr(flowers, "push_task_output")
     assert superexec.cannot_warm(run_superexec) == (
         "this Flower's run_clientapp module has no push_task_output"
+    )
+    monkeypatch.undo()
+    # a push_message that no longer pushes its objects itself: the reply a killed child kept
+    # (note_progress) would not be what it pushes
+    monkeypatch.setattr(flowers, "push_message", lambda client, message, context: None)
+    assert "push_message no longer calls client.PushMessages" in superexec.cannot_warm(
+        run_superexec
+    )
+    monkeypatch.undo()
+    # a Runtime API message without a field complete_push sends
+    fields = {**superexec.PUSH_FIELDS, "flwr.proto.message_pb2.PushObjectRequest": ("lease",)}
+    monkeypatch.setattr(superexec, "PUSH_FIELDS", fields)
+    assert (
+        superexec.cannot_warm(run_superexec) == "this Flower's PushObjectRequest has no field lease"
     )
     monkeypatch.undo()
     monkeypatch.setitem(sys.modules, superexec.RUN_CLIENTAPP, None)

@@ -93,7 +93,10 @@ def use_executor(superexec, executor) -> None:
 def cannot_warm(superexec) -> str | None:
     """Why this Flower's SuperExec cannot take the fork executor, or None: it must read
     ``get_executor`` from its module (``use_executor``), ``run_clientapp`` must take the
-    keywords ``run_task`` calls it with, and its module must have ``RUN_CLIENTAPP_HOOKS``."""
+    keywords ``run_task`` calls it with, its module must have ``RUN_CLIENTAPP_HOOKS``, its
+    ``push_message`` must push through the client's ``PushMessages`` and ``PushObject`` the
+    objects of ``get_all_nested_objects`` (what ``note_progress`` keeps), and the Runtime API's
+    messages must have ``PUSH_FIELDS``."""
     try:
         if "get_executor(" not in inspect.getsource(superexec.run_superexec):
             return "this Flower's run_superexec no longer asks get_executor for its executor"
