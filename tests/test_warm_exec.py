@@ -191,11 +191,16 @@ def test_a_fork_hands_its_data_arrays_back_and_the_next_fork_starts_with_them(tm
 #: run_clientapp); module level: the zygote is a fork of this process
 
 
-def _write_pid(path):
-    """This process's pid at ``path``, whole (the test polls for the file: one it found empty
-    made a loaded run fail reading it)."""
-    Path(path + ".part").write_text(str(os.getpid()))
+def _write_whole(path, text):
+    """``text`` at ``path``, whole: the tests poll for the file, and one found empty (written
+    by another process, not yet filled) made a loaded run fail reading it."""
+    Path(path + ".part").write_text(text)
     os.replace(path + ".part", path)
+
+
+def _write_pid(path):
+    """This process's pid at ``path``, whole."""
+    _write_whole(path, str(os.getpid()))
 
 
 def _note_pid(spec, hand_back, progress):
@@ -213,7 +218,7 @@ def _hang(spec, hand_back, progress):
 
 
 def _answer(spec, record, how):
-    Path(spec["answered"]).write_text(json.dumps({"run": record.get("run"), "how": how}))
+    _write_whole(spec["answered"], json.dumps({"run": record.get("run"), "how": how}))
     return "answered (test)"
 
 
