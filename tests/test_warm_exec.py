@@ -626,6 +626,21 @@ def _children(pid: int) -> list[int]:
     return [p for p in descendants(pid) if (_stat(p) or ("", 0))[1] == pid]
 
 
+def _warm_federation(tmp_path: Path, rounds: int):
+    """The crash drills' federation (loopback, TLS, authentication, gateway, two warm
+    SuperNodes polling every 0.2 s), not yet up; the run config of a ``rounds``-round run
+    evaluated at its end, with its outputs under ``tmp_path``; the run's log."""
+    from test_deployment import RUN, _free_port
+
+    from pflower.deploy import Federation
+
+    run_config = {**RUN, "num-server-rounds": rounds, "evaluate-every": rounds,
+                  "outputs-dir": str(tmp_path / "outputs")}  # fmt: skip
+    fed = Federation(tmp_path / "fed", supernodes=2, port=_free_port(), warm=True,
+                     poll_interval=0.2)  # fmt: skip
+    return fed, run_config, fed.logs / "run.log"
+
+
 def _a_task_at_work(fed, i: int, tmp: Path, timeout: float = 120) -> tuple[int, int]:
     """The pid of a task's child of SuperNode ``i``'s warm SuperExec that has taken a train
     message and not yet started its reply's push (what it noted: ``_record_progress``), and
@@ -674,19 +689,13 @@ def test_a_warm_federation_recovers_within_a_round_from_a_killed_task_and_a_kill
 
     The run completes and ``flwr run`` exits 0. Before issue 50 the first cost every later
     round the round timeout, and the second dropped the node every round until down + up."""
-    from test_deployment import RUN, _free_port, _results, _wait_for
-
-    from pflower.deploy import Federation
+    from test_deployment import _results, _wait_for
 
     tmp = tmp_path / "tmp"  # the zygotes' private directories (their children's progress)
     tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp))
     rounds = 7
-    run_config = {**RUN, "num-server-rounds": rounds, "evaluate-every": rounds,
-                  "outputs-dir": str(tmp_path / "outputs")}  # fmt: skip
-    fed = Federation(tmp_path / "fed", supernodes=2, port=_free_port(), warm=True,
-                     poll_interval=0.2)  # fmt: skip
-    log = fed.logs / "run.log"
+    fed, run_config, log = _warm_federation(tmp_path, rounds)
     try:
         fed.up()
         run = fed.submit(run_config, REPO, "run")
@@ -745,19 +754,14 @@ def test_a_warm_federation_loses_no_reply_when_a_task_is_killed_mid_push(tmp_pat
     and ends the task: every round has both nodes' replies (none dropped, not even the
     killed one's), no round waits for the round timeout, and ``flwr run`` exits 0. Before,
     Flower's SuperNode waited for the rest of the reply forever and ran nothing more."""
-    from test_deployment import RUN, _free_port, _results, _wait_for
+    from test_deployment import _results, _wait_for
 
-    from pflower.deploy import Federation
     from pflower.deploy.warm_exec import DRILL_KILL_MID_PUSH
 
     trigger = tmp_path / "kill-mid-push"
     monkeypatch.setenv(DRILL_KILL_MID_PUSH, str(trigger))
     rounds = 4
-    run_config = {**RUN, "num-server-rounds": rounds, "evaluate-every": rounds,
-                  "outputs-dir": str(tmp_path / "outputs")}  # fmt: skip
-    fed = Federation(tmp_path / "fed", supernodes=2, port=_free_port(), warm=True,
-                     poll_interval=0.2)  # fmt: skip
-    log = fed.logs / "run.log"
+    fed, run_config, log = _warm_federation(tmp_path, rounds)
     try:
         fed.up()
         run = fed.submit(run_config, REPO, "run")
