@@ -11,6 +11,13 @@ track from the models it is sent), or 1e6 x its honest norm where nothing drops.
 ``--claim K`` it also claims K x its number of examples from its first reply on. It attacks in
 every phase (pre-training too) and every round it is sampled in.
 
+``--attack alie`` replaces that adversary by "A little is enough" (Baruch et al. 2019; the
+suite's ``pflower.experiments.attacks``): the Byzantine node trains honestly and tags its
+reply, and the server, told to simulate the omniscient adversary (``attack-simulation``),
+replaces it by mu - z sigma of the round's honest updates, a vector inside the honest spread
+that median- and distance-based rules pick. It needs no bound to aim at: it is the attack
+against FFGG's bucketed median rather than against clipping.
+
 The table: personalized (pooled) accuracy clean and attacked, the difference, the replies the
 server dropped (by reason) and the replies it clipped, and whether the run ended in an error.
 
@@ -50,6 +57,7 @@ from flwr.clientapp import ClientApp
 
 from pflower.client_app import build_client_app
 from pflower.config import Config
+from pflower.experiments.attacks import omniscient_tag
 from pflower.experiments.local_grid import LocalGrid
 from pflower.server_app import run as run_on
 from pflower.strategies.checks import provisional_scale
@@ -123,7 +131,7 @@ def accepted_norm(strategy: PersonalizedStrategy, weights: bool) -> float:
     return scale if reference is None else bound.factor * reference
 
 
-def byzantine_app(overrides: dict, who: set[int], claim: float) -> ClientApp:
+def byzantine_app(overrides: dict, who: set[int], claim: float, attack: str) -> ClientApp:
     honest = build_client_app(overrides)
     app = ClientApp()
 
@@ -132,6 +140,10 @@ def byzantine_app(overrides: dict, who: set[int], claim: float) -> ClientApp:
         reply = honest(msg, context)
         if int(context.node_config["partition-id"]) not in who or reply.has_error():
             return reply
+        if attack == "alie":  # the server replaces the tagged reply (the module docstring)
+            tag = omniscient_tag("alie", {}, attack_simulation=True)
+            reply.content["metrics"].update(tag)
+            return _claimed(reply, claim)
         key = next(k for k in REPLY_KEYS if k in reply.content)
         weights = key == ARRAYS
         sent = {k: a.numpy() for k, a in msg.content["arrays"].items()}
@@ -151,10 +163,7 @@ def byzantine_app(overrides: dict, who: set[int], claim: float) -> ClientApp:
                 for k, v in bad.items()
             }
         )
-        if claim != 1.0:
-            metrics = reply.content["metrics"]
-            metrics["num-examples"] = float(round(claim * float(metrics["num-examples"])))
-        return reply
+        return _claimed(reply, claim)
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
@@ -167,9 +176,19 @@ def byzantine_app(overrides: dict, who: set[int], claim: float) -> ClientApp:
     return app
 
 
-def one_run(overrides: dict, who: set[int], claim: float, last: int = 5) -> dict:
+def _claimed(reply: Message, claim: float) -> Message:
+    """The reply claiming ``claim`` x its number of examples."""
+    if claim != 1.0:
+        metrics = reply.content["metrics"]
+        metrics["num-examples"] = float(round(claim * float(metrics["num-examples"])))
+    return reply
+
+
+def one_run(
+    overrides: dict, who: set[int], claim: float, last: int = 5, attack: str = "adaptive"
+) -> dict:
     cfg = Config.from_run_config(overrides)
-    app = byzantine_app(overrides, who, claim) if who else build_client_app(overrides)
+    app = byzantine_app(overrides, who, claim, attack) if who else build_client_app(overrides)
     _RUN.clear()
     started = time.process_time()
     try:
@@ -218,6 +237,13 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--byzantine", nargs="+", type=int, default=[0])
     parser.add_argument("--claim", type=float, default=1.0)
+    parser.add_argument(
+        "--attack",
+        choices=("adaptive", "alie"),
+        default="adaptive",
+        help="adaptive: the honest update turned around at the largest accepted norm; alie: "
+        "the omniscient mu - z sigma (simulated by the server)",
+    )
     parser.add_argument("--set", nargs="*", default=[], help="KEY=VALUE run-config overrides")
     parser.add_argument(
         "--last", type=int, default=5, help="accuracy: the mean of this many last evaluations"
@@ -247,8 +273,10 @@ def main(argv=None) -> None:
                 # (the app's default samples in secret, a different sample each run)
                 "sample-seed": seed,
             }
+            if args.attack == "alie":  # in both runs: it changes nothing without a tag
+                overrides["attack-simulation"] = True
             clean = one_run(overrides, set(), 1.0, args.last)
-            attacked = one_run(overrides, set(args.byzantine), args.claim, args.last)
+            attacked = one_run(overrides, set(args.byzantine), args.claim, args.last, args.attack)
             row = {"algorithm": algorithm, "seed": seed, "clean": clean, "attacked": attacked}
             rows.append(row)
             a, b = clean.get("personal-accuracy"), attacked.get("personal-accuracy")
