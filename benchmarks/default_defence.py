@@ -18,6 +18,13 @@ replaces it by mu - z sigma of the round's honest updates, a vector inside the h
 that median- and distance-based rules pick. It needs no bound to aim at: it is the attack
 against FFGG's bucketed median rather than against clipping.
 
+Two controls tell the attack from the metric's own resolution on one seed. ``--attack null``
+is no attack: the node sends its honest update scaled by 1 + 1e-3 (does a tiny perturbation
+make the two runs' trajectories part?). ``--attack random`` sends a random direction (drawn
+per round) at the adaptive attacker's size: what any perturbation that large does to one
+seed's figure, whose mean over seeds is the price of the size alone, without the worst
+direction.
+
 The table: personalized (pooled) accuracy clean and attacked, the difference, the replies the
 server dropped (by reason) and the replies it clipped, and whether the run ended in an error.
 
@@ -155,7 +162,11 @@ def byzantine_app(overrides: dict, who: set[int], claim: float, attack: str) -> 
         strategy = _RUN.get("strategy")
         target = accepted_norm(strategy, weights) if strategy is not None else math.inf
         target = 0.99 * target if math.isfinite(target) else 1e6 * size
-        factor = -target / max(size, 1e-12)
+        if attack == "random":  # the attack's size, a direction drawn per round
+            rng = np.random.default_rng([_RUN.get("round", 0), len(_RUN)])
+            own = {k: rng.standard_normal(v.shape) for k, v in own.items()}
+            size = math.sqrt(sum(float(np.square(v).sum()) for v in own.values()))
+        factor = 1.0 + 1e-3 if attack == "null" else -target / max(size, 1e-12)
         bad = {k: factor * v.astype(np.float64) for k, v in own.items()}
         reply.content[key] = ArrayRecord(
             {
@@ -185,10 +196,19 @@ def _claimed(reply: Message, claim: float) -> Message:
 
 
 def one_run(
-    overrides: dict, who: set[int], claim: float, last: int = 5, attack: str = "adaptive"
+    overrides: dict,
+    who: set[int],
+    claim: float,
+    last: int = 5,
+    attack: str = "adaptive",
+    byzantine: set[int] | None = None,
 ) -> dict:
+    """One run with the nodes ``who`` attacking (none: the clean run); "honest" figures leave
+    out the test sets of ``byzantine`` (default ``who``): the clean run's must leave out the
+    same clients as the attacked run's, or the two compare different sets of clients."""
     cfg = Config.from_run_config(overrides)
     app = byzantine_app(overrides, who, claim, attack) if who else build_client_app(overrides)
+    byzantine = who if byzantine is None else byzantine
     _RUN.clear()
     started = time.process_time()
     try:
@@ -204,7 +224,7 @@ def one_run(
             dropped[key] = dropped.get(key, 0) + n
         clipped += int(entry.train.get("clipped", 0))
     final = rep.final
-    honest = [r for r in rep.clients if int(r.get("partition-id", -1)) not in who]
+    honest = [r for r in rep.clients if int(r.get("partition-id", -1)) not in byzantine]
     examples = sum(r["num-examples"] for r in honest)
     tail = [r.evaluate["personal-accuracy"] for r in rep.rounds if r.evaluate][-last:]
     return {
@@ -239,10 +259,11 @@ def main(argv=None) -> None:
     parser.add_argument("--claim", type=float, default=1.0)
     parser.add_argument(
         "--attack",
-        choices=("adaptive", "alie"),
+        choices=("adaptive", "alie", "null", "random"),
         default="adaptive",
         help="adaptive: the honest update turned around at the largest accepted norm; alie: "
-        "the omniscient mu - z sigma (simulated by the server)",
+        "the omniscient mu - z sigma (simulated by the server); null: the honest update "
+        "x (1 + 1e-3); random: a random direction at the adaptive attacker's size",
     )
     parser.add_argument("--set", nargs="*", default=[], help="KEY=VALUE run-config overrides")
     parser.add_argument(
@@ -275,7 +296,7 @@ def main(argv=None) -> None:
             }
             if args.attack == "alie":  # in both runs: it changes nothing without a tag
                 overrides["attack-simulation"] = True
-            clean = one_run(overrides, set(), 1.0, args.last)
+            clean = one_run(overrides, set(), 1.0, args.last, byzantine=set(args.byzantine))
             attacked = one_run(overrides, set(args.byzantine), args.claim, args.last, args.attack)
             row = {"algorithm": algorithm, "seed": seed, "clean": clean, "attacked": attacked}
             rows.append(row)
