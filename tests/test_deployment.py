@@ -85,9 +85,11 @@ def _node_ids(fed: Federation) -> set[int]:
     return {int(n["node-id"]) for n in json.loads(out).get("nodes", [])}
 
 
-def _wait_for(path: Path, text: str, proc, timeout: float = 120, count: int = 1) -> None:
+def _wait_for(path: Path, text: str, proc, timeout: float = 300, count: int = 1) -> None:
     """Until ``text`` appears ``count`` times in the log ``path``, while ``flwr run``
-    (``proc``) runs."""
+    (``proc``) runs. 300 s: on a loaded 2-core box (another drill installing torch beside
+    it) the run's start and round 1 once took longer than 120 s; a wait that ends on time
+    costs nothing."""
     deadline, said = time.monotonic() + timeout, ""
     while time.monotonic() < deadline:
         said = path.read_text(errors="replace") if path.exists() else ""
