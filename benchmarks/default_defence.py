@@ -270,7 +270,17 @@ def main(argv=None) -> None:
         "--last", type=int, default=5, help="accuracy: the mean of this many last evaluations"
     )
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--pool",
+        nargs="+",
+        type=Path,
+        help="run nothing: the table of the rows of these result files together (seeds "
+        "measured apart)",
+    )
     args = parser.parse_args(argv)
+    if args.pool:
+        print(table([row for f in args.pool for row in json.loads(f.read_text())["rows"]]))
+        return
     torch.set_num_threads(1)  # one process per core: a shared box is not oversubscribed
     logging.getLogger("flwr").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
@@ -333,10 +343,10 @@ def table(rows: list[dict]) -> str:
     """Markdown: per algorithm, the mean +- std over seeds of the clean and attacked
     accuracies (all clients, and the honest ones) and of the loss."""
     lines = [
-        "| algorithm | seeds | clean | attacked | loss | worst seed | final round: loss | "
-        "honest clean | honest attacked | honest loss | clipped (attacked / clean) | dropped | "
-        "errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| algorithm | seeds | clean | attacked | loss | loss: s.e. | worst seed | seeds > 5 | "
+        "final round: loss | honest clean | honest attacked | honest loss | "
+        "clipped (attacked / clean) | dropped | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
         mine = [r for r in rows if r["algorithm"] == algorithm]
@@ -372,8 +382,12 @@ def table(rows: list[dict]) -> str:
             for side in ("clean", "attacked", None)
         ]
         worst = loss("personal-accuracy")
-        cells.insert(3, f"{100 * max(worst):.2f}" if worst else "-")
-        cells.insert(4, stat(loss("final-personal-accuracy")))
+        # the standard error of the mean loss over seeds (sample std / sqrt(seeds))
+        error = 100 * np.std(worst, ddof=1) / math.sqrt(len(worst)) if len(worst) > 1 else None
+        cells.insert(3, "-" if error is None else f"{error:.2f}")
+        cells.insert(4, f"{100 * max(worst):.2f}" if worst else "-")
+        cells.insert(5, f"{sum(100 * x > 5 for x in worst)} of {len(worst)}" if worst else "-")
+        cells.insert(6, stat(loss("final-personal-accuracy")))
         lines.append(
             f"| {algorithm} | {len(mine)} | {' | '.join(cells)} | {clipped} | "
             f"{dropped or '-'} | {errors} |"
