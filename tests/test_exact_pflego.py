@@ -62,16 +62,20 @@ def client_step(theta, head, x, y, head_rate):
 
 
 @pytest.mark.parametrize(
-    "alpha_mode, head_alpha, holdout",
+    "alpha_mode, head_alpha, holdout, robust",
     [
-        ("global", False, False),
-        ("global", True, False),
-        ("sampled", False, False),
-        ("global", True, True),
+        ("global", False, False, "auto"),
+        ("global", True, False, "auto"),
+        ("sampled", False, False, "auto"),
+        ("global", True, True, "auto"),
+        # the paper's rule as `robust-aggregator = "none"` gives it: the server step's own
+        # branch (at "auto" the alpha-sum runs over the clipped g_i, here nothing is clipped)
+        ("global", False, False, "none"),
+        ("global", True, True, "none"),
     ],
 )
 def test_pflego_round_with_partial_participation_equals_the_papers_step(
-    alpha_mode, head_alpha, holdout
+    alpha_mode, head_alpha, holdout, robust
 ):
     # with a hold-out: a fifth node, the highest partition id, never trained (I = 4, r = 2)
     num_nodes = NUM_CLIENTS + 1 if holdout else NUM_CLIENTS
@@ -91,6 +95,7 @@ def test_pflego_round_with_partial_participation_equals_the_papers_step(
         "pflego-alpha": alpha_mode,
         "pflego-head-alpha": head_alpha,
         "holdout-fraction": 0.2 if holdout else 0.0,
+        "robust-aggregator": robust,
     }
     cfg = Config.from_run_config(overrides)
     model = build_run_model(cfg)

@@ -265,3 +265,28 @@ def test_the_device_entry_imports_no_experiment_code():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_every_planted_error_still_applies_to_the_code():
+    """Each entry of ``benchmarks/planted_errors.py`` edits text that occurs exactly once in
+    its file: code that moved on leaves an entry that plants nothing (the full run then
+    reports it as not applied), and a hole in the suite would go unseen until that run."""
+    import importlib.util
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("planted", root / "benchmarks/planted_errors.py")
+    planted = importlib.util.module_from_spec(spec)
+    sys.modules["planted"] = planted  # dataclasses look their module up while it loads
+    try:
+        spec.loader.exec_module(planted)
+    finally:
+        del sys.modules["planted"]
+    stale = []
+    for plant in planted.PLANTS:
+        text = (root / plant.path).read_text()
+        for old, new in plant.edits:
+            if text.count(old) != 1:
+                stale.append(f"{plant.name}: {old[:60]!r} occurs {text.count(old)} times")
+            text = text.replace(old, new)
+    assert len(planted.PLANTS) > 100 and not stale, stale
