@@ -23,7 +23,10 @@ is no attack: the node sends its honest update scaled by 1 + 1e-3 (does a tiny p
 make the two runs' trajectories part?). ``--attack random`` sends a random direction (drawn
 per round) at the adaptive attacker's size: what any perturbation that large does to one
 seed's figure, whose mean over seeds is the price of the size alone, without the worst
-direction.
+direction. ``--attack absent`` sends NaN, which the server drops and counts: the node's honest
+data is missing from the federation, which is the most any defence can achieve against it
+(it cannot tell what the node would have sent honestly), so the figure every defence's
+loss is to be read against.
 
 The table: personalized (pooled) accuracy clean and attacked, the difference, the replies the
 server dropped (by reason) and the replies it clipped, and whether the run ended in an error.
@@ -162,11 +165,13 @@ def byzantine_app(overrides: dict, who: set[int], claim: float, attack: str) -> 
         strategy = _RUN.get("strategy")
         target = accepted_norm(strategy, weights) if strategy is not None else math.inf
         target = 0.99 * target if math.isfinite(target) else 1e6 * size
+        if attack == "absent":  # non-finite: dropped for cause, as a recognised attacker
+            own = {k: np.full_like(v, np.nan) for k, v in own.items()}
         if attack == "random":  # the attack's size, a direction drawn per round
             rng = np.random.default_rng([_RUN.get("round", 0), len(_RUN)])
-            own = {k: rng.standard_normal(v.shape) for k, v in own.items()}
-            size = math.sqrt(sum(float(np.square(v).sum()) for v in own.values()))
-        factor = 1.0 + 1e-3 if attack == "null" else -target / max(size, 1e-12)
+            own = {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in own.items()}
+            size = math.sqrt(sum(float(np.square(v, dtype=np.float64).sum()) for v in own.values()))
+        factor = 1.0 + 1e-3 if attack in ("null", "absent") else -target / max(size, 1e-12)
         bad = {k: factor * v.astype(np.float64) for k, v in own.items()}
         reply.content[key] = ArrayRecord(
             {
@@ -259,11 +264,12 @@ def main(argv=None) -> None:
     parser.add_argument("--claim", type=float, default=1.0)
     parser.add_argument(
         "--attack",
-        choices=("adaptive", "alie", "null", "random"),
+        choices=("adaptive", "alie", "null", "random", "absent"),
         default="adaptive",
         help="adaptive: the honest update turned around at the largest accepted norm; alie: "
         "the omniscient mu - z sigma (simulated by the server); null: the honest update "
-        "x (1 + 1e-3); random: a random direction at the adaptive attacker's size",
+        "x (1 + 1e-3); random: a random direction at the adaptive attacker's size; absent: a "
+        "reply the server drops (NaN), what a defence that recognised the attacker would leave",
     )
     parser.add_argument("--set", nargs="*", default=[], help="KEY=VALUE run-config overrides")
     parser.add_argument(
