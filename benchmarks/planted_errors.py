@@ -65,42 +65,6 @@ class Plant:
 PLANTS = [
     # --- the default defence (issue 45) -------------------------------------------------
     Plant(
-        "default defence: all-small rounds applied before 3 norms are known (no majority yet)",
-        S + "combine.py",
-        [
-            (
-                "            else:  # nothing known that a majority vouches for: nothing applied\n"
-                "                limit = 0.0\n",
-                "            else:  # nothing known that a majority vouches for: nothing applied\n"
-                "                limit = math.inf\n",
-            ),
-            ("import numpy as np\n", "import math\n\nimport numpy as np\n"),
-        ],
-        [DEFENCE],
-    ),
-    Plant(
-        "default defence: all-small rounds clipped to growth x the recent lower median",
-        S + "combine.py",
-        [
-            (
-                "                limit = lower_median_of(np.asarray(recent))",
-                "                limit = self.growth * lower_median_of(np.asarray(recent))",
-            )
-        ],
-        [DEFENCE],
-    ),
-    Plant(
-        "default defence: all-small rounds bounded by every recent norm's mean (a liar moves it)",
-        S + "combine.py",
-        [
-            (
-                "                limit = lower_median_of(np.asarray(recent))",
-                "                limit = float(np.mean(recent))",
-            )
-        ],
-        [DEFENCE],
-    ),
-    Plant(
         "default defence: FFGG's rule (bucketed median) taken under DP too",
         S + "server.py",
         [
@@ -200,8 +164,8 @@ PLANTS = [
         S + "combine.py",
         [
             (
-                "                limit = self.growth * rho\n",
-                "                limit = 100 * rho\n",
+                "c = np.minimum(1.0, self.growth * rho / np.maximum(space.norms(), 1e-300))",
+                "c = np.minimum(1.0, 100 * rho / np.maximum(space.norms(), 1e-300))",
             )
         ],
         [DEFENCE],

@@ -151,8 +151,7 @@ def test_a_claim_buys_no_more_pull_than_the_lower_median_claim():
 def test_small_rounds_are_clipped_to_what_a_larger_round_applied():
     rule = AdaptiveClipping(FACTOR, growth=2.0)
     huge = np.array([[1e9, 0.0]])
-    beta, clipped = rule.coefficients("x", [{"w": huge[0]}], [1.0])
-    assert clipped == 1 and not beta.any()  # nothing known yet: nothing applied
+    assert rule.coefficients("x", [{"w": huge[0]}], [1.0])[0] is None  # nothing known yet
     honest = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.9, 0.8]])
     _, _ = mean_of_clipped(rule, honest)
     _, v, tau, _ = reference_clip(honest)
@@ -165,39 +164,6 @@ def test_small_rounds_are_clipped_to_what_a_larger_round_applied():
     assert np.linalg.norm(got) == pytest.approx(2.0 * rho, rel=1e-9)
     assert rule.rho["x"] == pytest.approx(rho, rel=1e-6)  # a small round leaves it
     assert "y" not in rule.rho  # each kind its own
-
-
-def test_rounds_that_are_all_small_are_clipped_to_the_lower_median_of_recent_norms():
-    """A federation whose rounds all have 1 or 2 replies never has a majority in a round:
-    each reply is clipped to the lower median of the last 10 small-round replies' norms (as
-    sent), nothing applied until 3 are known. A Byzantine minority of those replies, however
-    large or small it makes its own, cannot raise the bound above an honest reply's norm.
-    Reference: the order statistic by ``sorted``, the clip by hand."""
-    rng = np.random.default_rng(5)
-    rule = AdaptiveClipping(FACTOR, growth=2.0)
-    sent: list[float] = []
-    for rnd in range(40):
-        byzantine = rnd % 4 == 1  # a quarter of the replies (fewer than half of any 10)
-        size = 10.0 ** rng.uniform(-6, 9) if byzantine else rng.uniform(0.5, 1.5)
-        x = rng.normal(0, 1, 3)
-        x = x / np.linalg.norm(x) * size
-        beta, clipped = rule.coefficients("x", [{"w": x}], [1.0])
-        applied = x if beta is None else beta[0] * x
-        known = sent[-10:]
-        if len(known) < 3:
-            assert np.linalg.norm(applied) == 0.0
-        else:
-            limit = sorted(known)[(len(known) + 1) // 2 - 1]
-            np.testing.assert_allclose(
-                np.linalg.norm(applied), min(size, limit), rtol=1e-9, atol=1e-12
-            )
-            if len(known) == 10:  # at most 3 of the 10 Byzantine: below the largest honest
-                assert limit <= 1.5
-        sent.append(size)
-    assert rule.rho == {}  # no round of 3 or more: rho never set
-    # each kind its own: a new kind knows nothing yet
-    beta, _ = rule.coefficients("y", [{"w": np.ones(3)}], [1.0])
-    assert not beta.any()
 
 
 # --- end to end: the default against an adaptive Byzantine client ---------------------------
@@ -255,39 +221,6 @@ def test_one_byzantine_client_in_ten_at_defaults_is_clipped_in_every_phase(algor
     assert sum(clipped[:2]) >= 1 and sum(clipped[2:]) >= 1  # pre-training and after
     # before R is seeded the 1e6 x reply is clipped; afterwards the norm bound drops it
     assert drops(rep, "update norm") >= 1
-    clean = run_on(LocalGrid(attacking_app(overrides), 10, seed=0), cfg, tmp_path / "c")
-    assert rep.final["personal-accuracy"] >= clean.final["personal-accuracy"] - 0.05
-
-
-@pytest.mark.parametrize("algorithm", ["fedavg-ft", "ffgg"])
-def test_one_byzantine_client_in_rounds_of_one_reply_neither_stops_nor_takes_the_run(
-    algorithm, tmp_path
-):
-    """Every round of 1 reply (10 nodes, fraction-train 0.1): before the small-round bound,
-    node 0 sampled once, its update turned around at the largest norm the update-norm bound
-    accepts (~||theta||), wrecked theta, every honest reply after it was dropped as too large,
-    and the run stopped (``RunFailed``) on every seed that sampled it (issue 45). Now each
-    reply is clipped to the lower median of the last small rounds' norms (nothing applied
-    until 3 are known): the attacked rounds take a step no longer than an honest one, which
-    the honest rounds after them undo. The sample seed here samples node 0 in rounds 5 and 8
-    of 12. (A reply in the last round of a 1-reply federation sets the final step, bounded
-    as any: with seed 6, node 0 in rounds 5, 6 and 12, FedAvg-FT's final model read 0.17
-    against 0.33 clean.)"""
-    overrides = {**FAST, "algorithm": algorithm, "fraction-train": 0.1, "sample-seed": 5}
-    overrides["num-server-rounds"] = 10
-    cfg = Config.from_run_config(overrides)
-    sampled = []
-
-    def attack(pid, rnd, vector, sent):
-        sampled.append((rnd, pid))
-        # ~||theta||: what the update-norm bound accepts while no round has 2 replies to seed
-        # its reference (at server lr 1, an update that moves theta by its own length)
-        theta = [v for k, v in sent.items() if k != "config"]
-        size = 0.99 * math.sqrt(sum(float(np.square(v.astype(np.float64)).sum()) for v in theta))
-        return flip_to(size)(pid, rnd, vector, sent)
-
-    rep = run_on(LocalGrid(attacking_app(overrides, attack=attack), 10, seed=0), cfg, tmp_path)
-    assert any(pid == 0 for _, pid in sampled), sampled  # the attacker was sampled
     clean = run_on(LocalGrid(attacking_app(overrides), 10, seed=0), cfg, tmp_path / "c")
     assert rep.final["personal-accuracy"] >= clean.final["personal-accuracy"] - 0.05
 

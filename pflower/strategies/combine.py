@@ -144,8 +144,6 @@ def robust_combine(
 
 #: rounds with fewer replies have no majority to measure the spread by (``AdaptiveClipping``)
 MIN_SPREAD_REPLIES = 3
-#: how many of the last small rounds' reply norms bound the next small round's (per kind)
-RECENT_NORMS = 10
 #: columns per chunk of the Gram matrix (N x CHUNK float64: a few hundred kB, in cache)
 GRAM_CHUNK = 8192
 
@@ -184,21 +182,11 @@ class AdaptiveClipping:
     (``f tau / N`` with equal weights), whatever they send and claim. In rounds of 1 or 2
     replies there is no majority to measure the spread by: each update is clipped to norm
     ``growth x rho``, rho the largest norm the last round of at least ``MIN_SPREAD_REPLIES``
-    replies applied (``||v|| + tau``). Before such a round (a federation whose rounds all have
-    1 or 2 replies) the bound is the lower median of the norms of the last ``RECENT_NORMS``
-    replies of such rounds (as sent, before clipping), a statistic across rounds that a
-    minority of them cannot raise: while fewer than half of those replies are Byzantine it
-    is at most an honest reply's norm (no ``growth``: with one reply a round, a reply is the
-    whole step, and one twice an honest step's length, turned around, cost FedAvg-FT 11
-    points of 37 in a 12-round test where the lower median itself cost none). Until
-    ``MIN_SPREAD_REPLIES`` of them are known nothing is applied (clipped to norm 0): with no
-    majority in any round yet, the first reply could not be told from a Byzantine one at the
-    largest size the update-norm bound accepts, ~``||theta||``, which wrecked theta and then
-    stopped the run (issue 45: one Byzantine client in ten, every round of 1 reply).
+    replies applied (``||v|| + tau``); before such a round nothing is clipped there (the
+    update-norm bound still drops what is beyond it).
 
-    State: ``rho`` and the recent small-round norms per kind of update (``kind``: the
-    pre-training updates, the algorithm's, each further record), checkpointed with the
-    strategy.
+    State: ``rho`` per kind of update (``kind``: the pre-training updates, the algorithm's,
+    each further record), checkpointed with the strategy.
     """
 
     name = "adaptive-clipping"
@@ -212,7 +200,6 @@ class AdaptiveClipping:
             raise ValueError(f"adaptive clipping: growth = {growth}: must be >= 1")
         self.factor, self.iterations, self.growth = factor, iterations, growth
         self.rho: dict[str, float] = {}  # per kind: the last multi-reply round's ||v|| + tau
-        self.recent: dict[str, list[float]] = {}  # per kind: the last small rounds' norms
 
     def coefficients(
         self,
@@ -230,20 +217,11 @@ class AdaptiveClipping:
         w_hat = w / w.sum()
         share = np.minimum(1.0, lower_median_of(w) / np.maximum(w, 1e-300))
         space = _Span(_gram(vectors, center))
-        if n < MIN_SPREAD_REPLIES:  # no majority: clipped around 0 to a bound across rounds
-            norms = space.norms()
-            # a checkpoint written before ``recent`` existed restores an object without it
-            recent = self.__dict__.setdefault("recent", {}).setdefault(kind, [])
+        if n < MIN_SPREAD_REPLIES:  # no majority: clipped to growth x rho, around 0
             rho = self.rho.get(kind)
-            if rho is not None:
-                limit = self.growth * rho
-            elif len(recent) >= MIN_SPREAD_REPLIES:
-                limit = lower_median_of(np.asarray(recent))
-            else:  # nothing known that a majority vouches for: nothing applied
-                limit = 0.0
-            recent.extend(float(x) for x in norms)
-            del recent[:-RECENT_NORMS]
-            c = np.minimum(1.0, limit / np.maximum(norms, 1e-300))
+            if rho is None:
+                return None, 0
+            c = np.minimum(1.0, self.growth * rho / np.maximum(space.norms(), 1e-300))
             return (w_hat * c, int((c < 1).sum())) if (c < 1).any() else (None, 0)
         gamma = np.full(n, 1.0 / n)
         d = space.distances(gamma)
