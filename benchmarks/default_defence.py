@@ -169,7 +169,9 @@ def byzantine_app(overrides: dict, who: set[int], claim: float, attack: str) -> 
         if attack == "absent":  # non-finite: dropped for cause, as a recognised attacker
             own = {k: np.full_like(v, np.nan) for k, v in own.items()}
         if attack == "random":  # the attack's size, a direction drawn per round
-            rng = np.random.default_rng([_RUN.get("round", 0), len(_RUN)])
+            rng = np.random.default_rng(
+                [_RUN.get("round", 0), int(context.node_config["partition-id"])]
+            )
             own = {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in own.items()}
             size = math.sqrt(sum(float(np.square(v, dtype=np.float64).sum()) for v in own.values()))
         factor = 1.0 + 1e-3 if attack in ("null", "absent") else -target / max(size, 1e-12)

@@ -61,6 +61,15 @@ class Plant:
     edits: list[tuple[str, str]]  # (exact old text, new text), each old text unique
     tests: list[str]
 
+    def apply(self, text: str) -> tuple[str, str | None]:
+        """``text`` with the edits made, and None; or, where an old text does not occur
+        exactly once (the code moved on: the entry must be rewritten), why not."""
+        for old, new in self.edits:
+            if text.count(old) != 1:
+                return text, f"{old!r} occurs {text.count(old)} times in {self.path}"
+            text = text.replace(old, new)
+        return text, None
+
 
 PLANTS = [
     # --- the default defence (issue 45) -------------------------------------------------
@@ -1354,17 +1363,9 @@ def copy_tree(dst: Path) -> None:
 def run_plant(plant: Plant, work: Path, pytest_args: list[str]) -> dict:
     target = work / plant.path
     original = target.read_text()
-    text = original
-    for old, new in plant.edits:
-        if text.count(old) != 1:  # the code moved on: the entry must be rewritten
-            return {
-                "name": plant.name,
-                "caught_by": [],
-                "errors": [],
-                "stale": f"{old!r} occurs {text.count(old)} times in {plant.path}",
-                "seconds": 0.0,
-            }
-        text = text.replace(old, new)
+    text, stale = plant.apply(original)
+    if stale:
+        return {"name": plant.name, "caught_by": [], "errors": [], "stale": stale, "seconds": 0.0}
     target.write_text(text)
     env = {**os.environ, "PYTHONPATH": str(work), "PYTHONDONTWRITEBYTECODE": "1"}
     start = time.perf_counter()
@@ -1430,7 +1431,8 @@ def main() -> None:
     if args.progress and args.progress.exists():
         for line in args.progress.read_text().splitlines():
             row = json.loads(line)
-            done[row["name"]] = row
+            if not row.get("stale"):  # a stale entry may have been rewritten since: run again
+                done[row["name"]] = row
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
