@@ -16,7 +16,8 @@ suite's ``pflower.experiments.attacks``): the Byzantine node trains honestly and
 reply, and the server, told to simulate the omniscient adversary (``attack-simulation``),
 replaces it by mu - z sigma of the round's honest updates, a vector inside the honest spread
 that median- and distance-based rules pick. It needs no bound to aim at: it is the attack
-against FFGG's bucketed median rather than against clipping.
+against median-based rules (BR-FFGG's bucketed median, FFGG's geometric median) rather
+than against clipping.
 
 Two controls tell the attack from the metric's own resolution on one seed. ``--attack null``
 is no attack: the node sends its honest update scaled by 1 + 1e-3 (does a tiny perturbation

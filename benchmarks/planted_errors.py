@@ -74,7 +74,7 @@ class Plant:
 PLANTS = [
     # --- the default defence (issue 45) -------------------------------------------------
     Plant(
-        "default defence: FFGG's rule (bucketed median) taken under DP too",
+        "default defence: FFGG's rule (geometric median) taken under DP too",
         S + "server.py",
         [
             (
@@ -96,7 +96,7 @@ PLANTS = [
         [f"{T}test_bring_your_own.py"],
     ),
     Plant(
-        "default defence: a rule the run names takes FFGG's bucket size",
+        "default defence: a rule the run names takes FFGG's small-round clip",
         "pflower/settings.py",
         [
             (
@@ -104,10 +104,10 @@ PLANTS = [
                 'if defence and self.dp == "none":',
             )
         ],
-        [f"{T}test_attacks.py"],
+        [f"{T}test_attacks.py", DEFENCE],
     ),
     Plant(
-        "default defence: FFGG's median runs in rounds of 2 bucket means (their mean)",
+        "default defence: FFGG's rule runs in rounds of 2 replies (no majority)",
         S + "server.py",
         [
             (
@@ -126,13 +126,19 @@ PLANTS = [
     Plant(
         "default defence: FFGG's small rounds left to the rule (robust-small-rounds ignored)",
         S + "ffgg.py",
+        [('"geometric-median", "robust_small_rounds": "clip"}', '"geometric-median"}')],
+        [DEFENCE],
+    ),
+    Plant(
+        "default defence: FFGG takes BR-FFGG's bucketed median (honest clients lost 4.70)",
+        S + "ffgg.py",
         [
             (
-                'FFGG_DEFENCE = {**BR_FFGG_DEFAULTS, "robust_small_rounds": "clip"}',
-                "FFGG_DEFENCE = dict(BR_FFGG_DEFAULTS)",
+                'FFGG_DEFENCE = {"robust_aggregator": "geometric-median",',
+                "FFGG_DEFENCE = {**BR_FFGG_DEFAULTS,",
             )
         ],
-        [DEFENCE],
+        [DEFENCE, f"{T}test_attacks.py"],
     ),
     Plant(
         "default defence: BR-FFGG built by hand inherits FFGG's small-round clipping",
@@ -163,6 +169,24 @@ PLANTS = [
         [DEFENCE],
     ),
     Plant(
+        "default defence: before a round of 3, small rounds unclipped (RunFailed at 1 a round)",
+        S + "combine.py",
+        [("if nodes is None or population < MIN_SPREAD_REPLIES:", "if True:")],
+        [DEFENCE],
+    ),
+    Plant(
+        "default defence: the first reply of a small-round federation applied unclipped",
+        S + "combine.py",
+        [("clip.threshold(node, norm, 0.0)", 'clip.threshold(node, norm, float("inf"))')],
+        [DEFENCE],
+    ),
+    Plant(
+        "default defence: a 2-node federation clipped as if it could outvote one node",
+        S + "combine.py",
+        [("population < MIN_SPREAD_REPLIES:", "population < 0:")],
+        [DEFENCE],
+    ),
+    Plant(
         "default defence: the fast path accepts replies up to 2 tau from the mean",
         S + "combine.py",
         [("if (d <= tau * share).all():", "if (d <= 2 * tau * share).all():")],
@@ -173,8 +197,8 @@ PLANTS = [
         S + "combine.py",
         [
             (
-                "c = np.minimum(1.0, self.growth * rho / np.maximum(space.norms(), 1e-300))",
-                "c = np.minimum(1.0, 100 * rho / np.maximum(space.norms(), 1e-300))",
+                "return np.full(len(norms), self.growth * rho)",
+                "return np.full(len(norms), 100 * rho)",
             )
         ],
         [DEFENCE],
@@ -764,15 +788,15 @@ PLANTS = [
         [T + "test_async_fairness.py"],
     ),
     Plant(
-        "async-ffgg: the clip at the pool's largest norm, not its lower median",
-        S + "async_ffgg.py",
+        "async-ffgg and small rounds: the recent-norm clip at the pool's largest norm",
+        S + "checks.py",
         [
             (
                 "return self.factor * lower_median([*others, norm])",
                 "return self.factor * max([*others, norm])",
             )
         ],
-        [T + "test_async_fairness.py"],
+        [T + "test_async_fairness.py", DEFENCE],
     ),
     Plant(
         "async-ffgg: failed replies counted one by one, not by distinct node",

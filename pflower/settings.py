@@ -561,9 +561,9 @@ class RunSettings(Settings):
         description=(
             "robust rule over the clients' updates (gradients, deltas, or current − returned "
             "weights) for every aggregating strategy (`pflower/strategies/aggregators.py`); "
-            "`auto`: the algorithm's default defence: `median` after buckets of 2 for `br-ffgg` "
-            "and (without DP) `ffgg`, `none` for `async-ffgg` (its own bounds), "
-            "`adaptive-clipping` otherwise; `none`: the papers' plain mean"
+            "`auto`: the algorithm's default defence: `median` after buckets of 2 for `br-ffgg`, "
+            "`geometric-median` for `ffgg` (without DP), `none` for `async-ffgg` (its own "
+            "bounds), `adaptive-clipping` otherwise; `none`: the papers' plain mean"
         ),
     )
     robust_byzantine: int = Field(
@@ -582,8 +582,7 @@ class RunSettings(Settings):
         ge=0,
         description=(
             "> 1: bucketing (random buckets of this size, averaged) before the rule; 0: `br-ffgg` "
-            "and `ffgg`'s default defence use 2 (the agnostic default, 1 disables), the others "
-            "none"
+            "uses 2 (the agnostic default, 1 disables), the others none"
         ),
     )
     robust_small_rounds: SmallRounds = Field(
@@ -1140,7 +1139,7 @@ class RunSettings(Settings):
         algorithm's default for it (``defaults``; ``None``: those of the chosen algorithm's
         registration, e.g. PFLEGO's server lr and tau) or by the generic one; with
         ``robust-aggregator`` at ``auto`` and no differential privacy, the keys of the
-        algorithm's default ``defence`` too (FFGG's: bucketing and the median in place of
+        algorithm's default ``defence`` too (FFGG's: the geometric median in place of
         adaptive clipping). A strategy built
         by hand takes its defaults from ``RunSettings().resolved(its class's defaults and
         defence)``, so that it runs what the app runs (``PersonalizedStrategy.app_settings``)."""

@@ -25,13 +25,8 @@ from pflower.client_app import build_client_app
 from pflower.config import Config, ConfigError
 from pflower.experiments.local_grid import LocalGrid
 from pflower.server_app import run as run_on
-from pflower.strategies.async_ffgg import (
-    CLIP_POOL,
-    FAIR_BURST,
-    AsyncFFGG,
-    RecentNormClip,
-)
-from pflower.strategies.checks import RunFailed
+from pflower.strategies.async_ffgg import FAIR_BURST, AsyncFFGG
+from pflower.strategies.checks import CLIP_POOL, RecentNormClip, RunFailed
 
 NODES = 10
 #: synthetic-linear (milliseconds a reply), asynchronous

@@ -47,14 +47,17 @@ def test_unknown_attack_is_refused_with_the_key():
 def test_br_ffgg_needs_a_robust_rule_and_defaults_to_the_agnostic_one():
     cfg = Config.from_run_config({"algorithm": "br-ffgg"})
     assert (cfg.robust_aggregator, cfg.robust_bucket_size) == ("median", 2)
-    # FFGG's default defence is the same rule, in runs without DP (tests/test_default_defence.py)
+    # FFGG's default defence is the geometric median, in runs without DP, with the clip in
+    # its rounds of 1 or 2 replies (tests/test_default_defence.py)
     ffgg = Config.from_run_config({"algorithm": "ffgg"})
-    assert (ffgg.robust_aggregator, ffgg.robust_bucket_size) == ("median", 2)
+    assert (ffgg.robust_aggregator, ffgg.robust_bucket_size) == ("geometric-median", 0)
+    assert ffgg.robust_small_rounds == "clip"
     dp = Config.from_run_config({"algorithm": "ffgg", "dp": "central", "dp-noise": 1.0})
-    assert dp.robust_aggregator == "adaptive-clipping" and dp.robust_bucket_size == 0
-    # a rule the run names keeps its own bucket size; every other algorithm clips adaptively
+    assert dp.robust_aggregator == "adaptive-clipping" and dp.robust_small_rounds == "rule"
+    # a rule the run names keeps its own keys (its small rounds: the rule's); every other
+    # algorithm clips adaptively
     named = Config.from_run_config({"algorithm": "ffgg", "robust-aggregator": "trimmed-mean"})
-    assert named.robust_bucket_size == 0
+    assert named.robust_bucket_size == 0 and named.robust_small_rounds == "rule"
     assert Config.from_run_config({"algorithm": "fedalt"}).robust_aggregator == "adaptive-clipping"
     with pytest.raises(ConfigError, match="robust-aggregator"):
         Config.from_run_config({"algorithm": "br-ffgg", "robust-aggregator": "none"})

@@ -277,7 +277,7 @@ def test_ffgg_server_steps_with_the_unweighted_mean_gradient(task_identity):
     strategy = FFGG(
         fraction_train=1.0,
         server_optimizer=ServerOptimizer("sgd", 0.5),
-        robust=False,  # the exact rule (FFGG's default defence takes a bucketed median)
+        robust=False,  # the exact rule (FFGG's default defence takes the geometric median)
         clipping=False,
     )
     strategy.num_rounds = 1

@@ -69,9 +69,7 @@ binds while the clients are honest and equally fast (the same theta, bit for bit
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections import OrderedDict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -82,7 +80,12 @@ from pydantic import Field
 
 from pflower.flower import grids
 from pflower.settings import ConfigError, Settings
-from pflower.strategies.checks import lower_median, provisional_scale, update_norm
+from pflower.strategies.checks import (
+    PROVISIONAL_CLIP,
+    RecentNormClip,
+    provisional_scale,
+    update_norm,
+)
 from pflower.strategies.ffgg import FFGG, FFGGClient, FFGGSettings
 from pflower.strategies.nodes import index_dispatch
 from pflower.strategies.registry import Algorithm
@@ -103,10 +106,6 @@ ASYNC_FFGG_DEFAULTS = {"server_lr": 0.2, "robust_aggregator": "none"}
 
 #: B: the most credits a node holds (``FairShare``), the updates it may make back to back
 FAIR_BURST = 3.0
-#: the clip's pool: the last applied norm of each of this many most recent distinct nodes
-CLIP_POOL = 10
-#: the clip while no other node's norm is known: this x min(S_t, S_1) (``checks``' scale)
-PROVISIONAL_CLIP = 0.05
 #: credits are compared with this slack (k / N summed N times is not always exactly k)
 _EPS = 1e-9
 
@@ -247,41 +246,6 @@ class FairShare:
             gain = self.factor / max(1, live)
             for node in nodes:
                 self.credit[node] = min(self.burst, self.credit_of(node) + gain)
-
-
-class RecentNormClip:
-    """The clip of an applied gradient (module docstring): ``factor`` x the lower median of
-    the last applied norm of each of the last ``pool`` distinct nodes.
-
-    Parameters
-    ----------
-    factor : float
-        m; 0: off (``threshold`` is infinite).
-    pool : int (default: ``CLIP_POOL``)
-        How many distinct nodes' last norms the median is taken over.
-    """
-
-    def __init__(self, factor: float, pool: int = CLIP_POOL) -> None:
-        self.factor, self.pool = factor, pool
-        self.norms: OrderedDict[int, float] = OrderedDict()  # node -> last norm, oldest first
-
-    def threshold(self, node: int, norm: float, provisional: float) -> float:
-        """The largest norm ``node``'s update of norm ``norm`` may keep: m x the lower median
-        of the pool with ``norm`` as ``node``'s entry; ``provisional`` while no other node's
-        norm is known."""
-        if not self.factor:
-            return math.inf
-        others = [v for n, v in self.norms.items() if n != node][-(self.pool - 1) :]
-        if not others:
-            return provisional
-        return self.factor * lower_median([*others, norm])
-
-    def record(self, node: int, norm: float) -> None:
-        """``node``'s update of norm ``norm`` was applied: its entry, now the newest."""
-        self.norms.pop(node, None)
-        self.norms[node] = norm
-        while len(self.norms) > self.pool:
-            self.norms.popitem(last=False)
 
 
 class AsyncFFGG(FFGG):

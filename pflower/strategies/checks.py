@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
@@ -106,6 +107,11 @@ from pflower.wire import (
 
 log = logging.getLogger("flwr.pflower")
 
+#: the recent-norm clip's pool: the last norm of each of this many most recent distinct nodes
+CLIP_POOL = 10
+#: the recent-norm clip while no other node's norm is known: this x min(S_t, S_1), the
+#: update-norm bound's scale (honest updates measured at most 0.05 S, gradients below 0.01 S)
+PROVISIONAL_CLIP = 0.05
 #: kappa: without ``max_num_examples`` a claim weighs at most this many times the lower
 #: median of the nodes' first claims (Dirichlet(0.3) partitions of mnist-5k over 50
 #: clients: the largest is 3.6 x it; ``benchmarks/claim_weights.py``)
@@ -228,6 +234,48 @@ class UpdateNormBound:
             reference = max(reference, min(lower_median(norms), self.growth * reference))
             self.reference[kind] = reference
         return self.factor * reference
+
+
+class RecentNormClip:
+    """The clip of a reply no majority of its round can vouch for: ``factor`` x the lower
+    median of the last norm of each of the last ``pool`` distinct nodes (the reply's own
+    norm as its node's entry); ``provisional`` while no other node's norm is known.
+    Asynchronous FFGG clips every applied gradient with it (``async_ffgg``), adaptive
+    clipping the rounds of 1 or 2 replies before any round of 3 (``combine``). A node has one
+    entry however often it replies, so while at most half of the pool is Byzantine the clip
+    is at most ``factor`` x an honest node's last norm: one client cannot walk it up, and a
+    low liar moves it down by one rank.
+
+    Parameters
+    ----------
+    factor : float
+        m; 0: off (``threshold`` is infinite).
+    pool : int (default: ``CLIP_POOL``)
+        How many distinct nodes' last norms the median is taken over.
+    """
+
+    def __init__(self, factor: float, pool: int = CLIP_POOL) -> None:
+        self.factor, self.pool = factor, pool
+        self.norms: OrderedDict[int, float] = OrderedDict()  # node -> last norm, oldest first
+
+    def threshold(self, node: int, norm: float, provisional: float) -> float:
+        """The largest norm ``node``'s update of norm ``norm`` may keep: m x the lower median
+        of the pool with ``norm`` as ``node``'s entry; ``provisional`` while no other node's
+        norm is known."""
+        if not self.factor:
+            return math.inf
+        others = [v for n, v in self.norms.items() if n != node][-(self.pool - 1) :]
+        if not others:
+            return provisional
+        return self.factor * lower_median([*others, norm])
+
+    def record(self, node: int, norm: float) -> None:
+        """``node``'s update of norm ``norm`` (applied, or clipped and applied): its entry,
+        now the newest."""
+        self.norms.pop(node, None)
+        self.norms[node] = norm
+        while len(self.norms) > self.pool:
+            self.norms.popitem(last=False)
 
 
 class ClaimBound:

@@ -420,6 +420,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         self._round_start = 0.0
         self._train_round = 0  # the round whose noise ``combine`` draws (dp-noise-seed)
         self._clipped: dict[str, int] = {}  # this round's clipped replies by kind of update
+        self._round_nodes: list[int] = []  # the node of each update the round combines
         self._robust_checked = False  # check_robust at the run's first training round
 
     @property
@@ -695,7 +696,10 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             # (rho: what a round of >= 3 replies applied), and the clip replaces the rule where
             # it combines fewer than 3 values (bucket means): there a median is a mean that one
             # reply moves by its whole share, at any size the update-norm bound lets through
-            beta, clipped = self.clipping.coefficients(kind, vectors, weights, center)
+            nodes = self._round_nodes if len(self._round_nodes) == len(vectors) else None
+            beta, clipped = self.clipping.coefficients(
+                kind, vectors, weights, center, nodes, self.sampled_from
+            )
             if self.robust is None or self.robust.inputs(len(vectors)) < MIN_SPREAD_REPLIES:
                 self._clipped[kind] = clipped
                 if beta is not None:
@@ -801,6 +805,7 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
         updates = self.simulate_omniscient(server_round, current, updates)
         updates = self.bound_updates(server_round, current, updates)
         self._clipped = {}  # by kind of update: the replies the default defence clipped
+        self._round_nodes = [u.node_id for u in updates]  # the node of each combined vector
         entry = self._log(server_round)
         entry.seconds = time.perf_counter() - self._round_start
         metrics = {
