@@ -372,7 +372,10 @@ def test_a_lone_attacker_before_seeding_cannot_raise_the_scale(monkeypatch):
     notices). While the reference is unseeded every round's bound stays at most S_1 (it
     was S_t, which each accepted reply raised, and the reference seeded from it grew a
     millionfold in 20 such rounds); once the honest nodes are back the seeded reference is
-    at most max(S_1 / K, the largest honest norm) (the threat model's guarantee)."""
+    at most max(S_1 / K, the largest honest norm) (the threat model's guarantee). The
+    update-norm bound alone (``robust-aggregator = "none"``): the default defence would apply
+    none of node 0's replies here, no other node's norm vouching for them
+    (tests/test_default_defence.py)."""
     rounds = []
     real = UpdateNormBound.bound
 
@@ -397,6 +400,7 @@ def test_a_lone_attacker_before_seeding_cannot_raise_the_scale(monkeypatch):
         return new
 
     run = {**RUN, "algorithm": "fedavg", "num-server-rounds": late + 3, "evaluate-every": 100}
+    run["robust-aggregator"] = "none"
     run["max-failed-rounds"] = 0  # rounds of dropped replies and errors only: the run goes on
     report = run_local(run, 3, client_app=attacking_app(run, attack))
     s_1 = rounds[0][1]
