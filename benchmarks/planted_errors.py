@@ -107,12 +107,12 @@ PLANTS = [
         [f"{T}test_attacks.py", DEFENCE],
     ),
     Plant(
-        "default defence: FFGG's rule runs in rounds of 2 replies (no majority)",
+        "default defence: FFGG's rule runs in rounds of 3-4 replies (7.53 points at 4)",
         S + "server.py",
         [
             (
-                "self.robust.inputs(len(vectors)) < MIN_SPREAD_REPLIES",
-                "self.robust.inputs(len(vectors)) < 2",
+                "self.robust.inputs(len(vectors)) < MIN_RULE_INPUTS",
+                "self.robust.inputs(len(vectors)) < 3",
             )
         ],
         [DEFENCE],

@@ -589,11 +589,12 @@ class RunSettings(Settings):
         "auto",
         alias="robust-small-rounds",
         description=(
-            "a robust rule in the rounds where it combines fewer than 3 values (bucket means "
-            "with bucketing), whose median is their mean: one reply moves it by its whole share. "
-            "`clip`: there adaptive clipping's bound replaces the rule (see `adaptive-clipping`; "
-            "with 1 or 2 replies each is clipped to `update-norm-growth` × what the last round "
-            "of 3 or more applied); `rule`: the rule as configured (exact to its paper); `auto`: "
+            "a robust rule in the rounds where it combines fewer than 5 values (bucket means "
+            "with bucketing; a median of 1 or 2 is their mean: one reply moves it by its whole "
+            "share). `clip`: there adaptive clipping's bound replaces the rule (see "
+            "`adaptive-clipping`; with 1 or 2 replies each is clipped to `update-norm-growth` × "
+            "what the last round of 3 or more applied, or before one to that × the nodes' lower "
+            "median norm); `rule`: the rule as configured (exact to its paper); `auto`: "
             "`clip` for `ffgg`'s default defence, `rule` otherwise; `clip` needs a rule and no DP"
         ),
     )

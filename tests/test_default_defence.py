@@ -8,7 +8,6 @@ reference side), and attacked: an adaptive Byzantine reply in any direction at a
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -319,9 +318,9 @@ def test_ffgg_defends_with_the_geometric_median_at_defaults_and_clips_under_dp(t
     assert private.robust is None and private.clipping is None
     app = attacking_app({**FAST, "algorithm": "ffgg"}, attack=flip_to(None))
     rep = run_on(LocalGrid(app, 10, seed=0), cfg, tmp_path)
-    # the clip only where the rule had fewer than 3 replies
+    # the clip only where the rule had fewer than 5 replies
     clipping = [e.train for e in rep.rounds if e.train and e.train.get("clipped")]
-    assert all(t["applied"] <= 2 for t in clipping)
+    assert all(t["applied"] <= 4 for t in clipping)
     clean = run_on(LocalGrid(attacking_app({**FAST, "algorithm": "ffgg"}), 10, seed=0), cfg,
                    tmp_path / "c")  # fmt: skip
     assert rep.final["personal-accuracy"] >= clean.final["personal-accuracy"] - 0.05
@@ -336,14 +335,26 @@ def _updates(rows):
     ]
 
 
+def pairings(items):
+    """Every way to split ``items`` (even count) into pairs."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for i, other in enumerate(rest):
+        for tail in pairings(rest[:i] + rest[i + 1 :]):
+            yield [(first, other), *tail]
+
+
 def test_ffgg_clips_the_rounds_its_rule_is_too_small_for():
-    """FFGG's default defence: the geometric median of 3 or more replies; in rounds of 1 or 2
-    (no majority: the geometric median of 2 is any point between them, Weiszfeld's from their
-    mean is the mean) adaptive clipping's bound, each reply clipped to 2 x rho, rho = ||v|| +
-    tau of the last round of >= 3. A rule with buckets (``robust-small-rounds = "clip"``
-    beside BR-FFGG's bucketed median) clips where it has fewer than 3 bucket means: 1 to 4
-    replies. References: Weiszfeld in NumPy, the median by hand (every way to draw the
-    buckets) and the clip's statement in NumPy (``reference_clip``)."""
+    """FFGG's default defence: the geometric median of 5 or more replies; in rounds of 1 to 4
+    adaptive clipping's bound (3-4 replies: their spread; with 4 replies a round one
+    Byzantine in ten cost the geometric median 7.53 points, the clip 3.08; 1-2 replies, no
+    majority: each clipped to 2 x rho, rho = ||v|| + tau of the last round of >= 3). A rule
+    with buckets (``robust-small-rounds = "clip"`` beside BR-FFGG's bucketed median) clips
+    where it has fewer than 5 bucket means: 1 to 8 replies. References: Weiszfeld in NumPy,
+    the median by hand (every way to draw the buckets) and the clip's statement in NumPy
+    (``reference_clip``)."""
     from pflower.strategies.ffgg import FFGG
 
     ffgg = FFGG()
@@ -351,12 +362,20 @@ def test_ffgg_clips_the_rounds_its_rule_is_too_small_for():
     assert FFGG(robust=make_aggregator("median", bucket_size=2)).clipping is None  # a rule given
     honest = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.9, 0.8], [0.8, 0.9]])
     ffgg._train_round = ffgg.pretrain_rounds + 1
-    # five, then three honest replies and a Byzantine one at 1e4 x an honest norm: the rule
-    for rows in (honest, np.vstack([honest[:3], [[-1e4, -1e4]]])):
-        got = ffgg.combine([u.tensors for u in _updates(rows)], [1.0] * len(rows))["w"]
-        np.testing.assert_allclose(got, geometric_median(rows), rtol=1e-4, atol=1e-5)
-        assert ffgg._clipped.get("gradient", 0) == 0 and np.linalg.norm(got) < 2.0
-    _, v, tau, _ = reference_clip(rows)
+    # five replies, one Byzantine at 1e4 x an honest norm: the rule
+    rows = np.vstack([honest[:4], [[-1e4, -1e4]]])
+    got = ffgg.combine([u.tensors for u in _updates(rows)], [1.0] * 5)["w"]
+    np.testing.assert_allclose(got, geometric_median(rows), rtol=1e-4, atol=1e-5)
+    assert ffgg._clipped.get("gradient", 0) == 0 and np.linalg.norm(got) < 2.0
+    # four, then three replies with the Byzantine one: the clipped mean
+    for rows in (honest[:3], honest[:2]):
+        attacked = np.vstack([rows, [[-1e4, -1e4]]])
+        got = ffgg.combine([u.tensors for u in _updates(attacked)], [1.0] * len(attacked))["w"]
+        clipped_rows, _, _, n_clipped = reference_clip(attacked)
+        np.testing.assert_allclose(got, clipped_rows.mean(0), rtol=1e-5, atol=1e-6)
+        assert n_clipped >= 1 and ffgg._clipped["gradient"] == n_clipped
+        assert np.linalg.norm(got) < 2.0  # the plain mean's: 3300 or more
+    _, v, tau, _ = reference_clip(attacked)
     rho = np.linalg.norm(v) + tau
     assert ffgg.clipping.rho["gradient"] == pytest.approx(rho, rel=1e-6)
     assert rho < 3.0  # the Byzantine reply of that round did not set it
@@ -366,24 +385,24 @@ def test_ffgg_clips_the_rounds_its_rule_is_too_small_for():
     want = np.mean([r * min(1.0, 2 * rho / np.linalg.norm(r)) for r in pair], 0)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert ffgg._clipped["gradient"] == 1
-    # BR-FFGG's bucketed median with the clip in its small rounds: 5 replies are 3 bucket
+    # BR-FFGG's bucketed median with the clip in its small rounds: 10 replies are 5 bucket
     # means (the rule), 4 and 3 replies at most 2 (the clip, over the replies themselves)
     bucketed = FFGG(robust=make_aggregator("median", bucket_size=2), clipping=AdaptiveClipping())
     bucketed._train_round = bucketed.pretrain_rounds + 1
-    five = bucketed.combine([u.tensors for u in _updates(honest)], [1.0] * 5)
+    ten = np.vstack([honest, honest[::-1] * 0.5])
+    got = bucketed.combine([u.tensors for u in _updates(ten)], [1.0] * 10)["w"]
     assert bucketed._clipped.get("gradient", 0) == 0
     medians = [  # the coordinate median of the bucket means, for every way to draw the buckets
-        np.median([honest[list(p[:2])].mean(0), honest[list(p[2:4])].mean(0), honest[p[4]]], 0)
-        for p in itertools.permutations(range(5))
+        np.median([ten[list(p)].mean(0) for p in pairs], 0) for pairs in pairings(list(range(10)))
     ]
-    assert any(np.allclose(five["w"], m, rtol=1e-6) for m in medians)
+    assert any(np.allclose(got, m, rtol=1e-6) for m in medians)
     for rows in (honest[:3], honest[:2]):
         attacked = np.vstack([rows, [[-1e4, -1e4]]])
         got = bucketed.combine([u.tensors for u in _updates(attacked)], [1.0] * len(attacked))
         clipped_rows, _, _, n_clipped = reference_clip(attacked)
         np.testing.assert_allclose(got["w"], clipped_rows.mean(0), rtol=1e-5, atol=1e-6)
         assert n_clipped >= 1 and bucketed._clipped["gradient"] == n_clipped
-        assert np.linalg.norm(got["w"]) < 2.0  # the plain mean's: 3500 or more
+        assert np.linalg.norm(got["w"]) < 2.0  # the plain mean's: 3300 or more
     # a rule the run names keeps its own small rounds unless robust-small-rounds says clip
     from pflower.strategies.combine import adaptive_clipping
 

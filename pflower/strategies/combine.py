@@ -145,6 +145,9 @@ def robust_combine(
 
 #: rounds with fewer replies have no majority to measure the spread by (``AdaptiveClipping``)
 MIN_SPREAD_REPLIES = 3
+#: beside a robust rule (``robust-small-rounds = "clip"``) the clip replaces it where it
+#: combines fewer values than this (``PersonalizedStrategy.combine``)
+MIN_RULE_INPUTS = 5
 #: columns per chunk of the Gram matrix (N x CHUNK float64: a few hundred kB, in cache)
 GRAM_CHUNK = 8192
 
