@@ -386,7 +386,7 @@ def test_ffgg_clips_the_rounds_its_rule_is_too_small_for():
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert ffgg._clipped["gradient"] == 1
     # BR-FFGG's bucketed median with the clip in its small rounds: 10 replies are 5 bucket
-    # means (the rule), 4 and 3 replies at most 2 (the clip, over the replies themselves)
+    # means (the rule); 6, 4 and 3 replies 3 or 2 (the clip, over the replies themselves)
     bucketed = FFGG(robust=make_aggregator("median", bucket_size=2), clipping=AdaptiveClipping())
     bucketed._train_round = bucketed.pretrain_rounds + 1
     ten = np.vstack([honest, honest[::-1] * 0.5])
@@ -396,7 +396,7 @@ def test_ffgg_clips_the_rounds_its_rule_is_too_small_for():
         np.median([ten[list(p)].mean(0) for p in pairs], 0) for pairs in pairings(list(range(10)))
     ]
     assert any(np.allclose(got, m, rtol=1e-6) for m in medians)
-    for rows in (honest[:3], honest[:2]):
+    for rows in (honest, honest[:3], honest[:2]):  # 6 replies are 3 bucket means: clipped
         attacked = np.vstack([rows, [[-1e4, -1e4]]])
         got = bucketed.combine([u.tensors for u in _updates(attacked)], [1.0] * len(attacked))
         clipped_rows, _, _, n_clipped = reference_clip(attacked)
