@@ -282,6 +282,8 @@ class AdaptiveClipping:
             return np.full(len(norms), self.growth * rho)
         if nodes is None or population < MIN_SPREAD_REPLIES:
             return None
+        if len(nodes) != len(norms):  # a caller's bug must not switch the clip off unseen
+            raise ValueError(f"adaptive clipping: {len(nodes)} nodes for {len(norms)} updates")
         # a checkpoint written before ``recent`` existed restores an object without it
         clip = self.__dict__.setdefault("recent", {}).get(kind)
         if clip is None:

@@ -698,9 +698,8 @@ class PersonalizedStrategy(ReplyChecks, NodeSampling, Strategy):
             # is their mean, which one reply moves by its whole share at any size the
             # update-norm bound lets through, and with 4 replies a round one Byzantine in ten
             # cost FFGG's geometric median 7.53 points, the clip 3.08 (3 seeds each)
-            nodes = self._round_nodes if len(self._round_nodes) == len(vectors) else None
             beta, clipped = self.clipping.coefficients(
-                kind, vectors, weights, center, nodes, self.sampled_from
+                kind, vectors, weights, center, self._round_nodes or None, self.sampled_from
             )
             if self.robust is None or self.robust.inputs(len(vectors)) < MIN_RULE_INPUTS:
                 self._clipped[kind] = clipped
