@@ -67,6 +67,13 @@ ALGORITHMS = {
     "fedsim": {"split": "head"},
     "apfl": {"local-epochs": 1},
     "pflego": {"split": "head", "personal-lr": 0.5},
+    "ffgg": {
+        "split": "head",
+        "local-epochs": 1,
+        "personal-epochs": 1,
+        "server-lr": 0.5,
+        "ffgg-init": "received",
+    },
 }
 
 
@@ -254,6 +261,29 @@ class Bare:
                 sums[n] += len(y) * w[n].detach()
             total += len(y)
         self.mean_into_global(sums, total, self.names)
+
+    def ffgg(self, clients) -> None:
+        """Alg. 1 with the SGD fine-tuner: w from the received init, ``personal-epochs`` of
+        SGD on w (theta frozen), then the exact gradient in theta over the local data; the
+        server steps with the unweighted mean of the gradients."""
+        shared = [n for n in self.names if n not in self.personal]
+        personal = [n for n in self.names if n in self.personal]
+        sums = {n: torch.zeros_like(self.glob[n]) for n in shared}
+        for c in clients:
+            x, y = self.data[c]
+            self.load(self.glob)  # ffgg-init = "received": w starts from the server's init
+            self.sgd(x, y, self.cfg.personal_epochs, personal, self.cfg.personal_lr or self.cfg.lr)
+            for p in self.params.values():
+                p.requires_grad_(False)
+            chosen = [self.params[n] for n in shared]
+            for p in chosen:
+                p.requires_grad_(True)
+            loss = nn.functional.cross_entropy(self.model(x), y)
+            for n, g in zip(shared, torch.autograd.grad(loss, chosen)):
+                sums[n] += g
+        lr = self.cfg.server_lr or 1.0
+        for n in shared:
+            self.glob[n] = self.glob[n] - lr * sums[n] / len(clients)
 
     def pflego(self, clients) -> None:
         """Features once; tau - 1 closed-form head steps; one exact gradient; Adam on theta."""

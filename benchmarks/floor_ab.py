@@ -20,6 +20,12 @@ nothing, which tells the protections' share of it from the rest of the per-messa
 
     python benchmarks/floor_ab.py . . --unprotected --algorithms fedavg fedalt
 
+``--set-before`` / ``--set-after`` add run-config keys to one side's runs (the bare loop is
+the same): one checkout against itself under another setting, e.g. a default defence against
+the plain mean it replaced (the sides are labelled with their keys).
+
+    python benchmarks/floor_ab.py . . --algorithms ffgg fedavg --set-before robust-aggregator=none
+
 One JSON line per process (``--out``), then a Markdown table on stdout: CPU seconds per
 training round and the cost centres in microseconds per message (the median over a process's
 rounds, the smallest over its repeats).
@@ -36,19 +42,21 @@ import subprocess
 import sys
 from pathlib import Path
 
-ALGORITHMS = ["fedavg", "local", "fedalt", "fedsim", "apfl", "pflego"]
+ALGORITHMS = ["fedavg", "local", "fedalt", "fedsim", "apfl", "pflego", "ffgg"]
 
 #: run in a fresh process at a checkout: that checkout's floor.py and pflower
 ONE_SIDE = """
 import json, logging, sys
 import torch
 root, algorithm, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
-unprotected = sys.argv[4:] == ["unprotected"]
+keys = json.loads(sys.argv[4])
+unprotected = sys.argv[5:] == ["unprotected"]
 sys.path[:0] = [root, root + "/benchmarks"]
 import floor
 torch.set_num_threads(1)
 logging.disable(logging.WARNING)
 run, nodes = floor.settings("mnist-5c", algorithm, rounds)
+run.update(keys)
 if unprotected:  # the diagnostic (module docstring): no bound, no finiteness, float32 mean
     import numpy as np
     from pflower.strategies import checks, combine
@@ -66,6 +74,7 @@ if unprotected:  # the diagnostic (module docstring): no bound, no finiteness, f
 bare = floor.bare_round_cpu(run, nodes, rounds)[1:]
 ours = floor.pflower_round_cpu(run, nodes, "/tmp/pflower-floor-ab", True)
 side = root + (" (unprotected)" if unprotected else "")
+side += "".join(f" {k}={v}" for k, v in keys.items())
 print(json.dumps({"algorithm": algorithm, "root": side, "bare": bare,
                   "pflower": ours["round"][1:], "train": ours["train"][1:],
                   "outside": ours["client_outside_train"][1:], "centres": ours["centres"][1:],
@@ -73,9 +82,11 @@ print(json.dumps({"algorithm": algorithm, "root": side, "bare": bare,
 """
 
 
-def one_side(root: str, algorithm: str, rounds: int, unprotected: bool = False) -> dict:
+def one_side(
+    root: str, algorithm: str, rounds: int, unprotected: bool = False, keys: dict | None = None
+) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", ONE_SIDE, root, algorithm, str(rounds)]
+        [sys.executable, "-c", ONE_SIDE, root, algorithm, str(rounds), json.dumps(keys or {})]
         + (["unprotected"] if unprotected else []),
         capture_output=True,
         text=True,
@@ -83,6 +94,20 @@ def one_side(root: str, algorithm: str, rounds: int, unprotected: bool = False) 
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_config(items: list[str]) -> dict:
+    """KEY=VALUE arguments as run-config values (numbers and booleans as TOML reads them)."""
+    import tomllib
+
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        try:
+            out[key] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:  # a bare word: a string
+            out[key] = value
+    return out
 
 
 def quartile(values: list[float]) -> float:
@@ -145,16 +170,25 @@ def main(argv=None) -> int:
         help="diagnostic: the second side is the first checkout without the per-reply "
         "protections (module docstring); AFTER is ignored",
     )
+    for side in ("before", "after"):
+        p.add_argument(
+            f"--set-{side}",
+            nargs="+",
+            default=[],
+            metavar="KEY=VALUE",
+            help=f"run-config keys for the {side} side's pflower runs",
+        )
     args = p.parse_args(argv)
     roots = [str(Path(r).resolve()) for r in (args.before, args.after)]
-    sides = [(roots[0], False), (roots[1], False)]
+    keys = [run_config(args.set_before), run_config(args.set_after)]
+    sides = [(roots[0], False, keys[0]), (roots[1], False, keys[1])]
     if args.unprotected:
-        sides = [(roots[0], False), (roots[0], True)]
+        sides = [(roots[0], False, keys[0]), (roots[0], True, keys[0])]
     rows = []
     for rep in range(args.repeats):
         for algorithm in args.algorithms:
-            for root, unprotected in sides if rep % 2 == 0 else sides[::-1]:
-                row = one_side(root, algorithm, args.rounds, unprotected)
+            for root, unprotected, side_keys in sides if rep % 2 == 0 else sides[::-1]:
+                row = one_side(root, algorithm, args.rounds, unprotected, side_keys)
                 rows.append(row)
                 done = f"repeat {rep + 1}: {algorithm} at {row['root']}"
                 print(done, file=sys.stderr, flush=True)

@@ -120,13 +120,41 @@ PLANTS = [
     Plant(
         "default defence: bucketing counts its inputs, not its buckets",
         S + "aggregators.py",
-        [("return self.base.inputs(math.ceil(n / self.s))", "return n")],
+        [("return self.base.inputs(self.buckets(n))", "return n")],
         [DEFENCE],
+    ),
+    Plant(
+        "default defence: buckets keep their size below min_buckets bucket means",
+        S + "aggregators.py",
+        [("if math.ceil(n / s) >= self.min_buckets:", "if True:")],
+        [DEFENCE, f"{T}test_aggregators.py"],
+    ),
+    Plant(
+        "default defence: the clip beside a rule leaves its buckets at full size",
+        S + "combine.py",
+        [
+            (
+                'min_buckets = MIN_RULE_INPUTS if cfg.robust_small_rounds == "clip" else 1',
+                "min_buckets = 1",
+            )
+        ],
+        [DEFENCE],
+    ),
+    Plant(
+        "default defence: FFGG's geometric median without buckets (clean mnist-5c -0.78)",
+        S + "ffgg.py",
+        [
+            (
+                '    "robust_bucket_size": 2,\n    "robust_small_rounds": "clip",',
+                '    "robust_small_rounds": "clip",',
+            )
+        ],
+        [DEFENCE, f"{T}test_attacks.py"],
     ),
     Plant(
         "default defence: FFGG's small rounds left to the rule (robust-small-rounds ignored)",
         S + "ffgg.py",
-        [('"geometric-median", "robust_small_rounds": "clip"}', '"geometric-median"}')],
+        [('    "robust_small_rounds": "clip",\n}', "}")],
         [DEFENCE],
     ),
     Plant(
@@ -134,8 +162,8 @@ PLANTS = [
         S + "ffgg.py",
         [
             (
-                'FFGG_DEFENCE = {"robust_aggregator": "geometric-median",',
-                "FFGG_DEFENCE = {**BR_FFGG_DEFAULTS,",
+                'FFGG_DEFENCE = {\n    "robust_aggregator": "geometric-median",',
+                "FFGG_DEFENCE = {\n    **BR_FFGG_DEFAULTS,",
             )
         ],
         [DEFENCE, f"{T}test_attacks.py"],

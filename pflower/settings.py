@@ -562,8 +562,9 @@ class RunSettings(Settings):
             "robust rule over the clients' updates (gradients, deltas, or current − returned "
             "weights) for every aggregating strategy (`pflower/strategies/aggregators.py`); "
             "`auto`: the algorithm's default defence: `median` after buckets of 2 for `br-ffgg`, "
-            "`geometric-median` for `ffgg` (without DP), `none` for `async-ffgg` (its own "
-            "bounds), `adaptive-clipping` otherwise; `none`: the papers' plain mean"
+            "`geometric-median` over buckets of 2 for `ffgg` (without DP), `none` for "
+            "`async-ffgg` (its own bounds), `adaptive-clipping` otherwise; `none`: the papers' "
+            "plain mean"
         ),
     )
     robust_byzantine: int = Field(
@@ -582,16 +583,19 @@ class RunSettings(Settings):
         ge=0,
         description=(
             "> 1: bucketing (random buckets of this size, averaged) before the rule; 0: `br-ffgg` "
-            "uses 2 (the agnostic default, 1 disables), the others none"
+            "uses 2 (the agnostic default, 1 disables) and so does `ffgg`'s default defence, the "
+            'others none. Beside `robust-small-rounds = "clip"` a round\'s buckets shrink (to 1: '
+            "the rule on the replies) wherever fewer than 5 bucket means would remain"
         ),
     )
     robust_small_rounds: SmallRounds = Field(
         "auto",
         alias="robust-small-rounds",
         description=(
-            "a robust rule in the rounds where it combines fewer than 5 values (bucket means "
-            "with bucketing; a median of 1 or 2 is their mean: one reply moves it by its whole "
-            "share). `clip`: there adaptive clipping's bound replaces the rule (see "
+            "a robust rule in the rounds where it combines fewer than 5 values (a median of 1 or "
+            "2 is their mean: one reply moves it by its whole share). `clip`: buckets shrink "
+            "first (`robust-bucket-size`), and in rounds of fewer than 5 replies adaptive "
+            "clipping's bound replaces the rule (see "
             "`adaptive-clipping`; with 1 or 2 replies each is clipped to `update-norm-growth` × "
             "what the last round of 3 or more applied, or before one to that × the nodes' lower "
             "median norm); `rule`: the rule as configured (exact to its paper); `auto`: "

@@ -99,6 +99,45 @@ def test_bucketing_averages_buckets_then_applies_the_base():
     torch.testing.assert_close(rule(X), X.mean(0))  # means of equal buckets: the mean
 
 
+def _pairings(items):
+    """Every way to split ``items`` (an even count) into pairs: the buckets of 2 a round
+    of them can draw."""
+    if not items:
+        yield []
+        return
+    for i in range(1, len(items)):
+        for rest in _pairings(items[1:i] + items[i + 1 :]):
+            yield [(items[0], items[i]), *rest]
+
+
+def test_bucketing_with_min_buckets_shrinks_its_buckets_to_leave_that_many():
+    """``min_buckets`` (FFGG's default defence: 5, beside the clip): a round of n inputs
+    takes the largest size <= s that leaves ceil(n / s') >= min_buckets buckets; 1 (the
+    rule on the inputs themselves, bit for bit) where none does; f is counted on the
+    buckets the round makes. References: the sizes by hand, the geometric median of the
+    inputs, and the coordinate median over every way to draw 5 buckets of 2 from 10."""
+    rule = Bucketing(GeometricMedian(), s=2, seed=1, min_buckets=5)
+    assert [rule.size(n) for n in range(1, 12)] == [1] * 8 + [2] * 3  # ceil(9 / 2) = 5
+    three = Bucketing(Mean(), s=3, min_buckets=5)
+    assert [three.size(n) for n in (4, 8, 9, 12, 13, 15)] == [1, 1, 2, 2, 3, 3]
+    assert Bucketing(Mean(), s=2).size(3) == 2  # min_buckets 1: the paper's fixed s
+    assert rule.max_byzantine(7) == 3 and rule.max_byzantine(10) == 2  # GM of 7, of 5
+    assert rule.inputs(8) == 8 and rule.inputs(10) == 5
+    X = honest(n=7, seed=4)
+    assert torch.equal(rule(X, f=1), GeometricMedian()(X, f=1))  # no buckets, no shuffle
+    X = honest(n=10, seed=5)
+    got = Bucketing(CoordinateMedian(), s=2, seed=2, min_buckets=5)(X, f=1).numpy()
+    rows = X.numpy()
+    medians = [
+        np.median([rows[list(p)].mean(0) for p in ps], 0) for ps in _pairings(list(range(10)))
+    ]
+    assert any(np.allclose(got, m, rtol=1e-12, atol=1e-12) for m in medians)
+    assert not np.allclose(got, np.median(rows, 0))  # not the median of the inputs
+    with pytest.raises(ValueError, match="min_buckets = 0"):
+        Bucketing(Mean(), s=2, min_buckets=0)
+    assert isinstance(make_aggregator("median", bucket_size=2, min_buckets=5), Bucketing)
+
+
 def test_too_many_byzantines_are_refused_with_the_limit():
     X = honest(n=10)
     with pytest.raises(ValueError, match="at most 4"):

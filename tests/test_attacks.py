@@ -47,10 +47,11 @@ def test_unknown_attack_is_refused_with_the_key():
 def test_br_ffgg_needs_a_robust_rule_and_defaults_to_the_agnostic_one():
     cfg = Config.from_run_config({"algorithm": "br-ffgg"})
     assert (cfg.robust_aggregator, cfg.robust_bucket_size) == ("median", 2)
-    # FFGG's default defence is the geometric median, in runs without DP, with the clip in
-    # its rounds of 1 or 2 replies (tests/test_default_defence.py)
+    # FFGG's default defence is the geometric median (of buckets of 2 where 5 or more
+    # remain), in runs without DP, with the clip in its rounds of fewer than 5 replies
+    # (tests/test_default_defence.py)
     ffgg = Config.from_run_config({"algorithm": "ffgg"})
-    assert (ffgg.robust_aggregator, ffgg.robust_bucket_size) == ("geometric-median", 0)
+    assert (ffgg.robust_aggregator, ffgg.robust_bucket_size) == ("geometric-median", 2)
     assert ffgg.robust_small_rounds == "clip"
     dp = Config.from_run_config({"algorithm": "ffgg", "dp": "central", "dp-noise": 1.0})
     assert dp.robust_aggregator == "adaptive-clipping" and dp.robust_small_rounds == "rule"

@@ -312,8 +312,9 @@ def test_ffgg_defends_with_the_geometric_median_at_defaults_and_clips_under_dp(t
     from pflower.strategies.ffgg import FFGG
 
     cfg = Config.from_run_config({**FAST, "algorithm": "ffgg"})
-    assert robust_aggregator(cfg).name == "geometric-median"
-    assert FFGG().robust.name == "geometric-median"  # a strategy built by hand too
+    rule = robust_aggregator(cfg)
+    assert (rule.base.name, rule.s, rule.min_buckets) == ("geometric-median", 2, 5)
+    assert FFGG().robust.name == rule.name  # a strategy built by hand too
     private = FFGG(privacy=DPSettings(mode="central", noise=1.0, clip=1.0))
     assert private.robust is None and private.clipping is None
     app = attacking_app({**FAST, "algorithm": "ffgg"}, attack=flip_to(None))
@@ -358,15 +359,26 @@ def test_ffgg_clips_the_rounds_its_rule_is_too_small_for():
     from pflower.strategies.ffgg import FFGG
 
     ffgg = FFGG()
-    assert ffgg.robust.name == "geometric-median" and ffgg.clipping is not None
+    assert ffgg.robust.base.name == "geometric-median" and ffgg.clipping is not None
     assert FFGG(robust=make_aggregator("median", bucket_size=2)).clipping is None  # a rule given
     honest = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.9, 0.8], [0.8, 0.9]])
     ffgg._train_round = ffgg.pretrain_rounds + 1
-    # five replies, one Byzantine at 1e4 x an honest norm: the rule
+    # five replies, one Byzantine at 1e4 x an honest norm: the rule on the replies
     rows = np.vstack([honest[:4], [[-1e4, -1e4]]])
     got = ffgg.combine([u.tensors for u in _updates(rows)], [1.0] * 5)["w"]
     np.testing.assert_allclose(got, geometric_median(rows), rtol=1e-4, atol=1e-5)
     assert ffgg._clipped.get("gradient", 0) == 0 and np.linalg.norm(got) < 2.0
+    # ten replies (mnist-5c's rounds): the geometric median of 5 bucket means of 2, which
+    # shrink the honest clients' spread (clean mnist-5c over 10 seeds: -0.33 points against
+    # the plain mean, -0.78 for the geometric median of the replies)
+    ten = np.vstack([honest, honest[::-1] * 0.5 + 0.1])
+    ten[7] = [-1e4, -1e4]
+    got = ffgg.combine([u.tensors for u in _updates(ten)], [1.0] * 10)["w"]
+    assert ffgg._clipped.get("gradient", 0) == 0 and np.linalg.norm(got) < 2.0
+    medians = [geometric_median(np.array([ten[list(p)].mean(0) for p in pairs]))
+               for pairs in pairings(list(range(10)))]  # fmt: skip
+    assert any(np.allclose(got, m, rtol=1e-4, atol=1e-5) for m in medians)
+    assert not np.allclose(got, geometric_median(ten), rtol=1e-3, atol=1e-4)
     # four, then three replies with the Byzantine one: the clipped mean
     for rows in (honest[:3], honest[:2]):
         attacked = np.vstack([rows, [[-1e4, -1e4]]])

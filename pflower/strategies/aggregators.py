@@ -318,32 +318,60 @@ class CenteredClipping(Aggregator):
 
 
 class Bucketing(Aggregator):
-    """Random buckets of ``s`` inputs, averaged, then ``base`` on the bucket means."""
+    """Random buckets of ``s`` inputs, averaged, then ``base`` on the bucket means
+    (Karimireddy, He & Jaggi, ICLR 2022: averaging s heterogeneous honest inputs shrinks
+    their spread, so a rule that cannot tell an honest outlier from a Byzantine one discards
+    less of the honest clients' differences).
 
-    def __init__(self, base: Aggregator, s: int = 2, seed: int = 0) -> None:
+    ``min_buckets`` > 1 makes ``s`` a ceiling: a round of n inputs takes the largest size
+    s' <= s that still leaves ``min_buckets`` buckets (ceil(n / s') >= min_buckets; s' = 1,
+    the rule on the inputs themselves, where none does). With ``min_buckets = 5`` and s = 2
+    (FFGG's default defence) a round of 5 to 8 replies is the rule's own, from 9 on it sees
+    buckets of 2: the share of buckets f Byzantine inputs reach, f / ceil(n / s'), stays under
+    the rule's breakdown point as far as the rule on the inputs would allow it (``max_byzantine``
+    is counted on the buckets the round makes)."""
+
+    def __init__(self, base: Aggregator, s: int = 2, seed: int = 0, min_buckets: int = 1) -> None:
         if s < 1:
             raise ValueError(f"bucketing: s = {s}: must be >= 1")
-        self.base, self.s = base, s
-        self.name = f"bucketing({base.name}, s={s})"
+        if min_buckets < 1:
+            raise ValueError(f"bucketing: min_buckets = {min_buckets}: must be >= 1")
+        self.base, self.s, self.min_buckets = base, s, min_buckets
+        limit = f" (fewer if under {min_buckets} buckets)" if min_buckets > 1 else ""
+        self.name = f"bucketing({base.name}, s={s}{limit})"
         self.generator = torch.Generator().manual_seed(seed)
 
+    def size(self, n: int) -> int:
+        """The bucket size of a round of ``n`` inputs: ``s``, or under ``min_buckets`` the
+        largest smaller size that makes that many buckets (1 where none does)."""
+        for s in range(self.s, 1, -1):
+            if math.ceil(n / s) >= self.min_buckets:
+                return s
+        return 1
+
+    def buckets(self, n: int) -> int:
+        return math.ceil(n / self.size(n))
+
     def max_byzantine(self, n: int) -> int:
-        return self.base.max_byzantine(math.ceil(n / self.s))
+        return self.base.max_byzantine(self.buckets(n))
 
     @property
     def coordinatewise(self) -> bool:
         return self.base.coordinatewise
 
     def inputs(self, n: int) -> int:
-        return self.base.inputs(math.ceil(n / self.s))
+        return self.base.inputs(self.buckets(n))
 
     def problem(self, n: int, f: int) -> str:
-        buckets = math.ceil(n / self.s)
+        buckets = self.buckets(n)
         inner = self.base.problem(buckets, f)
         return f"{self.name}: {n} inputs make {buckets} buckets; {inner}" if inner else ""
 
     def columns(self, n, f):
-        buckets = [b.numpy() for b in torch.randperm(n, generator=self.generator).split(self.s)]
+        s = self.size(n)
+        if s == 1:  # the rule on the inputs themselves (no permutation: bit for bit)
+            return self.base.columns(n, f)
+        buckets = [b.numpy() for b in torch.randperm(n, generator=self.generator).split(s)]
         base = self.base.columns(len(buckets), min(f, len(buckets)))
 
         def bucketed(tile: np.ndarray) -> np.ndarray:
@@ -355,10 +383,13 @@ class Bucketing(Aggregator):
         return bucketed
 
     def aggregate(self, X, f):
+        s = self.size(X.shape[0])
+        if s == 1:
+            return self.base.aggregate(X, f)
         if self.coordinatewise:
             return _tiled(self.columns(X.shape[0], f), X)
         order = torch.randperm(X.shape[0], generator=self.generator).to(X.device)
-        buckets = order.split(self.s)
+        buckets = order.split(s)
         means = torch.empty((len(buckets), X.shape[1]), dtype=X.dtype, device=X.device)
         for row, idx in zip(means, buckets):  # filled in place: no list of means, then a copy
             torch.mean(X[idx], 0, out=row)
@@ -367,9 +398,11 @@ class Bucketing(Aggregator):
 
 def make_aggregator(name: str, **options) -> Aggregator:
     """A rule by name: mean, median, trimmed-mean, krum, multi-krum, geometric-median,
-    centered-clipping; ``bucket_size`` > 1 wraps it in bucketing."""
+    centered-clipping; ``bucket_size`` > 1 wraps it in bucketing (``min_buckets``: see
+    ``Bucketing``)."""
     bucket = int(options.pop("bucket_size", 0))
     seed = int(options.pop("seed", 0))
+    min_buckets = int(options.pop("min_buckets", 1))
     rules = {
         "mean": Mean,
         "median": CoordinateMedian,
@@ -382,7 +415,7 @@ def make_aggregator(name: str, **options) -> Aggregator:
     if name not in rules:
         raise ValueError(f"aggregator {name!r}: must be one of {sorted(rules)}")
     rule = rules[name](**options)
-    return Bucketing(rule, bucket, seed) if bucket > 1 else rule
+    return Bucketing(rule, bucket, seed, min_buckets) if bucket > 1 else rule
 
 
 def stack(

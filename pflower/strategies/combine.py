@@ -31,8 +31,15 @@ def robust_aggregator(cfg: RunSettings) -> Aggregator | None:
             "iterations": cfg.robust_clip_iterations,
         },
     }.get(name, {})
+    # beside the clip (robust-small-rounds = "clip") buckets shrink before the rule would
+    # combine fewer than MIN_RULE_INPUTS values; the clip takes only rounds of fewer replies
+    min_buckets = MIN_RULE_INPUTS if cfg.robust_small_rounds == "clip" else 1
     return aggregators.make_aggregator(
-        name, bucket_size=cfg.robust_bucket_size, seed=cfg.seed, **options
+        name,
+        bucket_size=cfg.robust_bucket_size,
+        seed=cfg.seed,
+        min_buckets=min_buckets,
+        **options,
     )
 
 
