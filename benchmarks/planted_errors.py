@@ -659,10 +659,16 @@ PLANTS = [
         S + "aggregators.py",
         [
             (
-                "w = 1.0 / _row_distances(X, z).clamp_min(self.eps)",
-                "w = 1.0 / _row_distances(X, z).clamp_min(self.eps) ** 2",
+                "            new = 1.0 / d\n",
+                "            new = 1.0 / d**2\n",
             )
         ],
+        [T + "test_exact_robust.py", T + "test_aggregators.py"],
+    ),
+    Plant(
+        "geometric median: Gram distances without the cross term's factor 2",
+        S + "aggregators.py",
+        [("(squares - 2.0 * Yw + w @ Yw)", "(squares - Yw + w @ Yw)")],
         [T + "test_exact_robust.py", T + "test_aggregators.py"],
     ),
     Plant(

@@ -263,7 +263,16 @@ class Krum(Aggregator):
 
 
 class GeometricMedian(Aggregator):
-    """Smoothed Weiszfeld iterations (RFA)."""
+    """Smoothed Weiszfeld iterations (RFA): ``z <- sum_i x_i / d_i / sum_i 1 / d_i``, ``d_i =
+    max(eps, ||x_i - z||)``, from the mean, until z moves by at most ``tol x max(1, ||z||)``
+    or ``max_iter`` iterations.
+
+    Every z is a combination ``sum_i w_i x_i``, so the iterations run on the N x N Gram
+    matrix of the inputs' differences from the first one (one pass over the inputs, in
+    float64 over column chunks: a common part does not cancel precision away) and the inputs
+    are read once more for the result: two passes where iterating on the d-vectors took two
+    per iteration (FFGG's aggregation of a 10-reply round, 5 bucket means of an MLP's
+    gradients: 1709 -> 790 µs per message, ``benchmarks/results/default-defence.md``)."""
 
     name = "geometric-median"
 
@@ -275,17 +284,42 @@ class GeometricMedian(Aggregator):
         return (n - 1) // 2
 
     def aggregate(self, X, f):
-        z = X.mean(0)
+        n = X.shape[0]
+        gram = _difference_gram(X)
+        Y, x0y, x0x0 = gram[:n, :n], gram[n, :n], gram[n, n]
+        squares = Y.diagonal()
+        w = torch.full((n,), 1.0 / n, dtype=torch.float64, device=X.device)
         self.iterations = 0
         while self.iterations < self.max_iter:
             self.iterations += 1
-            w = 1.0 / _row_distances(X, z).clamp_min(self.eps)
-            new = _weighted_rows(w / w.sum(), X)
-            moved = torch.linalg.vector_norm(new - z)
-            z = new
-            if moved <= self.tol * max(1.0, float(torch.linalg.vector_norm(z))):
+            # ||x_i - z||^2 = ||y_i - Y^T w||^2 with y_i = x_i - x_0 (sum_i w_i = 1)
+            Yw = Y @ w
+            d = (squares - 2.0 * Yw + w @ Yw).clamp_min(0.0).sqrt().clamp_min(self.eps)
+            new = 1.0 / d
+            new /= new.sum()
+            step = new - w
+            moved = float((step @ Y @ step).clamp_min(0.0).sqrt())
+            w = new
+            norm = float((x0x0 + 2.0 * (w @ x0y) + w @ Y @ w).clamp_min(0.0).sqrt())
+            if moved <= self.tol * max(1.0, norm):
                 break
-        return z
+        return _weighted_rows(w, X)
+
+
+def _difference_gram(X: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
+    """The (N+1) x (N+1) Gram matrix of ``y_i = x_i - x_0`` (rows 0..N-1; y_0 = 0) and ``x_0``
+    (row N), in float64, ``chunk`` columns at a time (N x chunk float64 in cache)."""
+    n = X.shape[0]
+    gram = torch.zeros(n + 1, n + 1, dtype=torch.float64, device=X.device)
+    rows = torch.empty(n + 1, min(chunk, X.shape[1]), dtype=torch.float64, device=X.device)
+    for lo in range(0, X.shape[1], chunk):
+        part = X[:, lo : lo + chunk]
+        b = rows[:, : part.shape[1]]
+        b[:n].copy_(part)
+        b[n].copy_(part[0])
+        b[:n] -= b[n]
+        gram += b @ b.T
+    return gram
 
 
 class CenteredClipping(Aggregator):
@@ -327,9 +361,9 @@ class Bucketing(Aggregator):
     s' <= s that still leaves ``min_buckets`` buckets (ceil(n / s') >= min_buckets; s' = 1,
     the rule on the inputs themselves, where none does). With ``min_buckets = 5`` and s = 2
     (FFGG's default defence) a round of 5 to 8 replies is the rule's own, from 9 on it sees
-    buckets of 2: the share of buckets f Byzantine inputs reach, f / ceil(n / s'), stays under
-    the rule's breakdown point as far as the rule on the inputs would allow it (``max_byzantine``
-    is counted on the buckets the round makes)."""
+    buckets of 2. f Byzantine inputs reach at most f buckets, so the rule's tolerance is
+    counted on the buckets the round makes (``max_byzantine``: the geometric median of 5
+    bucket means tolerates 2 of the 10 replies, of the 8 replies themselves 3)."""
 
     def __init__(self, base: Aggregator, s: int = 2, seed: int = 0, min_buckets: int = 1) -> None:
         if s < 1:
