@@ -666,6 +666,12 @@ PLANTS = [
         [T + "test_exact_robust.py", T + "test_aggregators.py"],
     ),
     Plant(
+        "geometric median: the Gram matrix of differences from the first input (a huge one)",
+        S + "aggregators.py",
+        [("_difference_gram(X, _lower_median_norm_row(X))", "_difference_gram(X, 0)")],
+        [T + "test_exact_robust.py", T + "test_aggregators.py"],
+    ),
+    Plant(
         "geometric median: Gram distances without the cross term's factor 2",
         S + "aggregators.py",
         [("(squares - 2.0 * Yw + w @ Yw)", "(squares - Yw + w @ Yw)")],

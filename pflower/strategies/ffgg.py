@@ -149,7 +149,7 @@ BR_FFGG_DEFAULTS = {"robust_aggregator": "median", "robust_bucket_size": 2}
 #: clipped to the honest spread, a Byzantine gradient against its own direction still moved
 #: theta by spread / N every round it was sampled: one client in ten cost 11.85 +- 6.20
 #: points (3 seeds) under adaptive clipping. Over 10 seeds (docs/threat-model.md, issue 45)
-#: the geometric median lost 2.91 at 5 replies a round (its 9 honest clients 0.78), 2.35
+#: the geometric median lost 2.74 at 5 replies a round (its 9 honest clients 0.24), 2.35
 #: over buckets at 10; BR-FFGG's bucketed coordinate median 4.95 (honest clients 4.70: the
 #: median of 3 bucket means takes, coordinate by coordinate, the honest bucket on the
 #: attacker's side). Clean mnist-5c (10 replies a round), 10 seeds against the plain mean:
