@@ -278,9 +278,12 @@ class Bare:
             chosen = [self.params[n] for n in shared]
             for p in chosen:
                 p.requires_grad_(True)
-            loss = nn.functional.cross_entropy(self.model(x), y)
-            for n, g in zip(shared, torch.autograd.grad(loss, chosen)):
-                sums[n] += g
+            # the mean loss's gradient batch by batch, as pflower's full_gradient goes over
+            # the client's loader: each batch's summed loss, divided by the count at the end
+            for idx in torch.arange(len(y)).split(self.cfg.batch_size):
+                loss = nn.functional.cross_entropy(self.model(x[idx]), y[idx], reduction="sum")
+                for n, g in zip(shared, torch.autograd.grad(loss, chosen)):
+                    sums[n] += g / len(y)
         lr = self.cfg.server_lr or 1.0
         for n in shared:
             self.glob[n] = self.glob[n] - lr * sums[n] / len(clients)

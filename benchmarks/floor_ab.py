@@ -20,9 +20,9 @@ nothing, which tells the protections' share of it from the rest of the per-messa
 
     python benchmarks/floor_ab.py . . --unprotected --algorithms fedavg fedalt
 
-``--set-before`` / ``--set-after`` add run-config keys to one side's runs (the bare loop is
-the same): one checkout against itself under another setting, e.g. a default defence against
-the plain mean it replaced (the sides are labelled with their keys).
+``--set-before`` / ``--set-after`` add run-config keys to one side's pflower runs (its bare
+loop runs the preset as it is): one checkout against itself under another setting, e.g. a
+default defence against the plain mean it replaced (the sides are labelled with their keys).
 
     python benchmarks/floor_ab.py . . --algorithms ffgg fedavg --set-before robust-aggregator=none
 
@@ -56,7 +56,6 @@ import floor
 torch.set_num_threads(1)
 logging.disable(logging.WARNING)
 run, nodes = floor.settings("mnist-5c", algorithm, rounds)
-run.update(keys)
 if unprotected:  # the diagnostic (module docstring): no bound, no finiteness, float32 mean
     import numpy as np
     from pflower.strategies import checks, combine
@@ -72,7 +71,7 @@ if unprotected:  # the diagnostic (module docstring): no bound, no finiteness, f
         return out
     combine.weighted_mean = float32_mean
 bare = floor.bare_round_cpu(run, nodes, rounds)[1:]
-ours = floor.pflower_round_cpu(run, nodes, "/tmp/pflower-floor-ab", True)
+ours = floor.pflower_round_cpu({**run, **keys}, nodes, "/tmp/pflower-floor-ab", True)
 side = root + (" (unprotected)" if unprotected else "")
 side += "".join(f" {k}={v}" for k, v in keys.items())
 print(json.dumps({"algorithm": algorithm, "root": side, "bare": bare,

@@ -126,8 +126,25 @@ PLANTS = [
     Plant(
         "default defence: buckets keep their size below min_buckets bucket means",
         S + "aggregators.py",
-        [("if math.ceil(n / s) >= self.min_buckets:", "if True:")],
+        [("if buckets >= self.min_buckets and self.base.max_byzantine(buckets) >= f:", "if True:")],
         [DEFENCE, f"{T}test_aggregators.py"],
+    ),
+    Plant(
+        "default defence: buckets kept where their means no longer tolerate f",
+        S + "aggregators.py",
+        [
+            (
+                "if buckets >= self.min_buckets and self.base.max_byzantine(buckets) >= f:",
+                "if buckets >= self.min_buckets:",
+            )
+        ],
+        [DEFENCE, f"{T}test_aggregators.py"],
+    ),
+    Plant(
+        "default defence: a checkpoint's bucket size of 0 refused against 1",
+        "pflower/checkpoint.py",
+        [('if key == "robust-bucket-size" and value in (0, 1):', "if False:")],
+        [f"{T}test_checkpoint.py"],
     ),
     Plant(
         "default defence: the clip beside a rule leaves its buckets at full size",

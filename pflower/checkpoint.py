@@ -141,6 +141,15 @@ def dumps_state(state: dict) -> bytes:
     return buffer.getvalue()
 
 
+def _same(key: str, value):
+    """A value as the computation reads it: a bucket size of 0 (resolved: no bucketing) and
+    of 1 both mean no buckets, so a run written when FFGG's default had none (before its
+    default took buckets of 2) resumes with ``robust-bucket-size = 1``."""
+    if key == "robust-bucket-size" and value in (0, 1):
+        return 1
+    return value
+
+
 @dataclass
 class Checkpoint:
     """A checkpoint read back: after round ``round`` of ``num_rounds``."""
@@ -157,7 +166,9 @@ class Checkpoint:
         """Refuse a run config that computes something else than the checkpoint's run."""
         now = {k: v for k, v in cfg.to_flat().items() if k not in OPERATIONAL_KEYS}
         then = {k: v for k, v in self.config.items() if k not in OPERATIONAL_KEYS}
-        differ = sorted(k for k in now.keys() | then.keys() if now.get(k) != then.get(k))
+        differ = sorted(
+            k for k in now.keys() | then.keys() if _same(k, now.get(k)) != _same(k, then.get(k))
+        )
         if differ:
             shown = ", ".join(
                 f"{k!r} = {now.get(k)!r} (checkpoint: {then.get(k)!r})" for k in differ[:3]

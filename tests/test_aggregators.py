@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -86,6 +88,20 @@ def test_a_huge_first_input_does_not_round_the_geometric_medians_inputs_away():
         assert torch.linalg.vector_norm(first - good.mean(0)) < spread
 
 
+def test_the_geometric_medians_gram_and_vector_iterations_agree(monkeypatch):
+    """Up to ``GRAM_MAX_INPUTS`` inputs the iterations run on their Gram matrix, beyond it
+    on the vectors: the same rule to float rounding, the same iteration count."""
+    X = honest(n=12, d=40, seed=7) + torch.linspace(0, 3, 40)
+    X[3] *= 40.0
+    gram = GeometricMedian(tol=1e-12, max_iter=500)
+    vectors = GeometricMedian(tol=1e-12, max_iter=500)
+    got = gram(X)
+    monkeypatch.setattr(aggregators, "GRAM_MAX_INPUTS", 4)
+    want = vectors(X)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    assert gram.iterations == vectors.iterations
+
+
 def test_weiszfeld_finds_known_geometric_medians():
     square = torch.tensor([[0.0, 0], [2, 0], [0, 2], [2, 2]], dtype=torch.float64)
     torch.testing.assert_close(
@@ -139,8 +155,14 @@ def test_bucketing_with_min_buckets_shrinks_its_buckets_to_leave_that_many():
     three = Bucketing(Mean(), s=3, min_buckets=5)
     assert [three.size(n) for n in (4, 8, 9, 12, 13, 15)] == [1, 1, 2, 2, 3, 3]
     assert Bucketing(Mean(), s=2).size(3) == 2  # min_buckets 1: the paper's fixed s
-    assert rule.max_byzantine(7) == 3 and rule.max_byzantine(10) == 2  # GM of 7, of 5
     assert rule.inputs(8) == 8 and rule.inputs(10) == 5
+    # f Byzantine inputs reach f buckets: buckets only while their means tolerate f, so the
+    # tolerance is the rule's on the inputs (GM of 10: 4), never the buckets' (GM of 5: 2)
+    assert [rule.size(10, f) for f in range(5)] == [2, 2, 2, 1, 1]
+    assert rule.max_byzantine(10) == 4 and rule.problem(10, 4) == ""
+    X = honest(n=10, seed=6)
+    assert torch.equal(rule(X, f=3), GeometricMedian()(X, f=3))
+    assert Bucketing(GeometricMedian(), s=2).max_byzantine(10) == 2  # the paper's fixed s
     X = honest(n=7, seed=4)
     assert torch.equal(rule(X, f=1), GeometricMedian()(X, f=1))  # no buckets, no shuffle
     X = honest(n=10, seed=5)
@@ -154,6 +176,10 @@ def test_bucketing_with_min_buckets_shrinks_its_buckets_to_leave_that_many():
     with pytest.raises(ValueError, match="min_buckets = 0"):
         Bucketing(Mean(), s=2, min_buckets=0)
     assert isinstance(make_aggregator("median", bucket_size=2, min_buckets=5), Bucketing)
+    # a checkpoint written before min_buckets existed restores a Bucketing without it
+    old = pickle.loads(pickle.dumps(Bucketing(CoordinateMedian(), s=2)))
+    del old.__dict__["min_buckets"]
+    assert (old.size(10), old.max_byzantine(10)) == (2, 2)
 
 
 def test_too_many_byzantines_are_refused_with_the_limit():

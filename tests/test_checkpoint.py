@@ -109,6 +109,17 @@ def test_a_resumed_run_must_be_the_same_run(tmp_path):
         checkpoint.read(tmp_path)
 
 
+def test_a_checkpoint_without_buckets_resumes_with_a_bucket_size_of_one(tmp_path):
+    """A bucket size of 0 (resolved: none) and of 1 compute the same: a run checkpointed when
+    FFGG's default had no buckets resumes with ``robust-bucket-size = 1``, not under today's
+    default (buckets of 2, another computation)."""
+    then = Config.from_run_config({"algorithm": "ffgg", "robust-bucket-size": 1}).to_flat()
+    old = checkpoint.Checkpoint(tmp_path, 3, 10, {}, {**then, "robust-bucket-size": 0}, {}, True)
+    old.check(Config.from_run_config({"algorithm": "ffgg", "robust-bucket-size": 1}))
+    with pytest.raises(ConfigError, match=r"'robust-bucket-size' = 2 \(checkpoint: 0\)"):
+        old.check(Config.from_run_config({"algorithm": "ffgg"}))
+
+
 def test_checkpoint_every_auto_is_every_round_in_deployment_only():
     cfg = Config.from_run_config({})
     assert checkpoint.interval(cfg, LocalGrid(build_client_app({}), 1)) == 0

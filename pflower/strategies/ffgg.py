@@ -142,10 +142,11 @@ BR_FFGG_DEFAULTS = {"robust_aggregator": "median", "robust_bucket_size": 2}
 
 #: FFGG's default defence (``registry.Algorithm.defence``: runs without DP, keys left at
 #: ``auto``): the geometric median of the round's gradients instead of adaptive clipping,
-#: over random buckets of 2 (averaged) wherever 5 or more bucket means remain (10 or more
-#: replies; ``aggregators.Bucketing``'s ``min_buckets``), over the replies themselves in
-#: rounds of 5 to 8. FFGG's client sends one gradient at the round's theta, which
-#: heterogeneous clients keep large at the optimum (each is its own classes' gradient);
+#: over random buckets of 2 (averaged) wherever 5 or more bucket means remain (9 or more
+#: replies; ``aggregators.Bucketing``'s ``min_buckets``) and tolerate ``robust-byzantine``,
+#: over the replies themselves otherwise (rounds of 5 to 8). FFGG's client sends one
+#: gradient at the round's theta, which heterogeneous clients keep large at the optimum
+#: (each is its own classes' gradient);
 #: clipped to the honest spread, a Byzantine gradient against its own direction still moved
 #: theta by spread / N every round it was sampled: one client in ten cost 11.85 +- 6.20
 #: points (3 seeds) under adaptive clipping. Over 10 seeds (docs/threat-model.md, issue 45)
