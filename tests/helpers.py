@@ -106,3 +106,15 @@ def recording(overrides, seen: dict, received: list):
         return honest(msg, context)
 
     return app
+
+
+def pairings(items):
+    """Every way to split ``items`` (an even count) into pairs: the buckets of 2 a round of
+    them can draw (the reference that replays bucketing without its permutation)."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for i, other in enumerate(rest):
+        for tail in pairings(rest[:i] + rest[i + 1 :]):
+            yield [(first, other), *tail]

@@ -7,6 +7,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from helpers import pairings
 
 from pflower.strategies import aggregators
 from pflower.strategies.aggregators import (
@@ -75,8 +76,7 @@ def test_a_huge_first_input_does_not_round_the_geometric_medians_inputs_away():
     input of lower-median norm: from the first input instead, a 1e10 Byzantine one in first
     place rounded the honest differences away in float64 (6 honest inputs of 10 000: the
     result 2.6 x farther from their mean than with the same input last; at 1e30 not
-    finite). Reference: the same
-    rule with the huge input last, and the honest spread."""
+    finite). Reference: the same rule with the huge input last, and the honest spread."""
     good = honest(n=6, d=1000).float() + 1.0
     spread = torch.linalg.vector_norm(good - good.mean(0), dim=1).max()
     for scale in (1e10, 1e30, 3e38):
@@ -133,23 +133,12 @@ def test_bucketing_averages_buckets_then_applies_the_base():
     torch.testing.assert_close(rule(X), X.mean(0))  # means of equal buckets: the mean
 
 
-def _pairings(items):
-    """Every way to split ``items`` (an even count) into pairs: the buckets of 2 a round
-    of them can draw."""
-    if not items:
-        yield []
-        return
-    for i in range(1, len(items)):
-        for rest in _pairings(items[1:i] + items[i + 1 :]):
-            yield [(items[0], items[i]), *rest]
-
-
 def test_bucketing_with_min_buckets_shrinks_its_buckets_to_leave_that_many():
     """``min_buckets`` (FFGG's default defence: 5, beside the clip): a round of n inputs
     takes the largest size <= s that leaves ceil(n / s') >= min_buckets buckets; 1 (the
-    rule on the inputs themselves, bit for bit) where none does; f is counted on the
-    buckets the round makes. References: the sizes by hand, the geometric median of the
-    inputs, and the coordinate median over every way to draw 5 buckets of 2 from 10."""
+    rule on the inputs themselves, bit for bit) where none does, or where the bucket means
+    would not tolerate f. References: the sizes by hand, the geometric median of the inputs,
+    and the coordinate median over every way to draw 5 buckets of 2 from 10."""
     rule = Bucketing(GeometricMedian(), s=2, seed=1, min_buckets=5)
     assert [rule.size(n) for n in range(1, 12)] == [1] * 8 + [2] * 3  # ceil(9 / 2) = 5
     three = Bucketing(Mean(), s=3, min_buckets=5)
@@ -169,7 +158,7 @@ def test_bucketing_with_min_buckets_shrinks_its_buckets_to_leave_that_many():
     got = Bucketing(CoordinateMedian(), s=2, seed=2, min_buckets=5)(X, f=1).numpy()
     rows = X.numpy()
     medians = [
-        np.median([rows[list(p)].mean(0) for p in ps], 0) for ps in _pairings(list(range(10)))
+        np.median([rows[list(p)].mean(0) for p in ps], 0) for ps in pairings(list(range(10)))
     ]
     assert any(np.allclose(got, m, rtol=1e-12, atol=1e-12) for m in medians)
     assert not np.allclose(got, np.median(rows, 0))  # not the median of the inputs

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers import pairings
 from test_bounds import attacking_app, drops
 
 from pflower.config import Config
@@ -334,17 +335,6 @@ def _updates(rows):
         ClientUpdate(i, {"w": np.asarray(r, np.float32)}, {"num-examples": 10.0})
         for i, r in enumerate(rows)
     ]
-
-
-def pairings(items):
-    """Every way to split ``items`` (even count) into pairs."""
-    if not items:
-        yield []
-        return
-    first, rest = items[0], items[1:]
-    for i, other in enumerate(rest):
-        for tail in pairings(rest[:i] + rest[i + 1 :]):
-            yield [(first, other), *tail]
 
 
 def test_ffgg_clips_the_rounds_its_rule_is_too_small_for():

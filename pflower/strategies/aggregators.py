@@ -295,25 +295,18 @@ class GeometricMedian(Aggregator):
         n = X.shape[0]
         if n > GRAM_MAX_INPUTS:  # the N x N product would outweigh the iterations' passes
             return self._over_vectors(X)
-        gram = _difference_gram(X, _lower_median_norm_row(X))
-        Y, x0y, x0x0 = gram[:n, :n], gram[n, :n], gram[n, n]
-        squares = Y.diagonal()
-        w = torch.full((n,), 1.0 / n, dtype=torch.float64, device=X.device)
+        space = Span(_difference_gram(X, _lower_median_norm_row(X)).cpu().numpy())
+        w = np.full(n, 1.0 / n)
         self.iterations = 0
         while self.iterations < self.max_iter:
             self.iterations += 1
-            # ||x_i - z||^2 = ||y_i - Y^T w||^2 with y_i = x_i - x_r (sum_i w_i = 1)
-            Yw = Y @ w
-            d = (squares - 2.0 * Yw + w @ Yw).clamp_min(0.0).sqrt().clamp_min(self.eps)
-            new = 1.0 / d
+            new = 1.0 / np.maximum(space.distances(w), self.eps)
             new /= new.sum()
-            step = new - w
-            moved = float((step @ Y @ step).clamp_min(0.0).sqrt())
+            moved = space.gap(new, w)
             w = new
-            norm = float((x0x0 + 2.0 * (w @ x0y) + w @ Y @ w).clamp_min(0.0).sqrt())
-            if moved <= self.tol * max(1.0, norm):
+            if moved <= self.tol * max(1.0, space.norm(w)):
                 break
-        return _weighted_rows(w, X)
+        return _weighted_rows(torch.from_numpy(w).to(X.device), X)
 
     def _over_vectors(self, X: torch.Tensor) -> torch.Tensor:
         """The same iterations on the d-vectors: two passes over the inputs per iteration."""
@@ -352,6 +345,48 @@ def _difference_gram(X: torch.Tensor, ref: int = 0, chunk: int = 8192) -> torch.
         b[:n] -= b[n]
         gram += b @ b.T
     return gram
+
+
+class Span:
+    """Points ``v = sum_j gamma_j x_j`` (``sum_j gamma_j = 1``) of the inputs' affine span,
+    measured through their Gram matrix: ``G`` holds ``y_i = x_i - x_0`` in its first N rows
+    and columns and ``x_0`` in its last, so that ``||x_i - v||^2 = ||y_i - Y gamma||^2``; x_0
+    a reference input (adaptive clipping's first reply, ``combine._gram``; the geometric
+    median's input of lower-median norm, ``_difference_gram``, whose layout is the same)."""
+
+    def __init__(self, gram: np.ndarray) -> None:
+        self.Y, self.x0y, self.x0x0 = gram[:-1, :-1], gram[-1, :-1], gram[-1, -1]
+
+    def distances(self, gamma: np.ndarray) -> np.ndarray:
+        Yg = self.Y @ gamma
+        return np.sqrt(np.maximum(np.diag(self.Y) - 2.0 * Yg + gamma @ Yg, 0.0))
+
+    def gap(self, a: np.ndarray, b: np.ndarray) -> float:
+        """||v(a) - v(b)|| = ||Y (a - b)|| (the x_0 parts cancel: both sum to 1)."""
+        delta = a - b
+        return float(np.sqrt(max(delta @ self.Y @ delta, 0.0)))
+
+    def norm(self, gamma: np.ndarray) -> float:
+        """||v|| = ||x_0 + sum_j gamma_j y_j||."""
+        return float(np.sqrt(max(self.x0x0 + 2.0 * gamma @ self.x0y + gamma @ self.Y @ gamma, 0.0)))
+
+    def norms(self) -> np.ndarray:
+        """||x_i|| for every reply."""
+        return np.sqrt(np.maximum(self.x0x0 + 2.0 * self.x0y + np.diag(self.Y), 0.0))
+
+    def geometric_median(self, gamma: np.ndarray, rounds: int = 200) -> np.ndarray:
+        """Weiszfeld's iterations ``v <- sum_i x_i / d_i / sum_i 1 / d_i`` from ``gamma``,
+        until the weights settle (1e-12) or ``rounds``; a distance floor of 1e-12 x the
+        replies' largest spread keeps a reply that coincides with v from dividing by 0."""
+        floor = 1e-12 * max(float(np.sqrt(np.diag(self.Y).max(initial=0.0))), 1e-300)
+        for _ in range(rounds):
+            inverse = 1.0 / np.maximum(self.distances(gamma), floor)
+            new = inverse / inverse.sum()
+            settled = np.abs(new - gamma).max() < 1e-12
+            gamma = new
+            if settled:
+                break
+        return gamma
 
 
 class CenteredClipping(Aggregator):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pflower.strategies import aggregators
-from pflower.strategies.aggregators import Aggregator
+from pflower.strategies.aggregators import Aggregator, Span
 from pflower.strategies.checks import RecentNormClip
 
 if TYPE_CHECKING:
@@ -248,7 +248,7 @@ class AdaptiveClipping:
         w = np.asarray(list(weights), dtype=np.float64)
         w_hat = w / w.sum()
         share = np.minimum(1.0, lower_median_of(w) / np.maximum(w, 1e-300))
-        space = _Span(_gram(vectors, center))
+        space = Span(_gram(vectors, center))
         if n < MIN_SPREAD_REPLIES:  # no majority in the round: clipped around 0
             norms = space.norms()
             limits = self._small_round_limits(kind, norms, nodes, population)
@@ -299,41 +299,6 @@ class AdaptiveClipping:
         for node, norm in pairs:  # a round's two replies each count the other's norm
             clip.record(node, norm)
         return np.array([clip.threshold(node, norm, 0.0) for node, norm in pairs])
-
-
-class _Span:
-    """Points ``v = sum_j gamma_j x_j`` (``sum_j gamma_j = 1``) of the replies' affine span,
-    measured through their Gram matrix: ``G`` holds ``y_i = x_i - x_0`` in its first N rows
-    and columns and ``x_0`` in its last, so that ``||x_i - v||^2 = ||y_i - Y gamma||^2``."""
-
-    def __init__(self, gram: np.ndarray) -> None:
-        self.Y, self.x0y, self.x0x0 = gram[:-1, :-1], gram[-1, :-1], gram[-1, -1]
-
-    def distances(self, gamma: np.ndarray) -> np.ndarray:
-        Yg = self.Y @ gamma
-        return np.sqrt(np.maximum(np.diag(self.Y) - 2.0 * Yg + gamma @ Yg, 0.0))
-
-    def norm(self, gamma: np.ndarray) -> float:
-        """||v|| = ||x_0 + sum_j gamma_j y_j||."""
-        return float(np.sqrt(max(self.x0x0 + 2.0 * gamma @ self.x0y + gamma @ self.Y @ gamma, 0.0)))
-
-    def norms(self) -> np.ndarray:
-        """||x_i|| for every reply."""
-        return np.sqrt(np.maximum(self.x0x0 + 2.0 * self.x0y + np.diag(self.Y), 0.0))
-
-    def geometric_median(self, gamma: np.ndarray, rounds: int = 200) -> np.ndarray:
-        """Weiszfeld's iterations ``v <- sum_i x_i / d_i / sum_i 1 / d_i`` from ``gamma``,
-        until the weights settle (1e-12) or ``rounds``; a distance floor of 1e-12 x the
-        replies' largest spread keeps a reply that coincides with v from dividing by 0."""
-        floor = 1e-12 * max(float(np.sqrt(np.diag(self.Y).max(initial=0.0))), 1e-300)
-        for _ in range(rounds):
-            inverse = 1.0 / np.maximum(self.distances(gamma), floor)
-            new = inverse / inverse.sum()
-            settled = np.abs(new - gamma).max() < 1e-12
-            gamma = new
-            if settled:
-                break
-        return gamma
 
 
 def _gram(vectors, center) -> np.ndarray:
