@@ -10,7 +10,7 @@ per training round (a wrapper around ``PersonalizedStrategy.bound_updates``, whi
 watches): every reply's update norm by partition id, the replies kept, their claims, the
 update-norm reference, and the step the shared parameters took.
 
-It imports only what both sides have (``pflower.experiments.local_grid``, ``server_app.run``,
+It imports only what both sides have (``pflower.testbed.local_grid``, ``server_app.run``,
 ``client_app.build_client_app``, ``strategies.server.PersonalizedStrategy``), so the same file
 measures 94eac80 (before the bounds) from a worktree and HEAD::
 
@@ -51,9 +51,9 @@ from flwr.clientapp import ClientApp
 import pflower
 from pflower.client_app import build_client_app
 from pflower.config import Config
-from pflower.experiments.local_grid import LocalGrid
 from pflower.server_app import run as run_on
 from pflower.strategies.server import PersonalizedStrategy
+from pflower.testbed.local_grid import LocalGrid
 
 REPLY_KEYS = ("arrays", "delta", "gradient")
 #: small, fast runs: digits (scikit-learn 8x8), IID, every node every round

@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 from torch.func import functional_call
 
-from pflower.experiments.local_grid import run_local
 from pflower.strategies import apfl
 from pflower.task import train as training
+from pflower.testbed.local_grid import run_local
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -39,10 +39,10 @@ from flwr.clientapp import ClientApp
 import pflower
 from pflower.client_app import build_client_app
 from pflower.config import Config
-from pflower.experiments.client_app import experiment_train
-from pflower.experiments.local_grid import LocalGrid
 from pflower.server_app import run as run_on
 from pflower.strategies.async_ffgg import AsyncFFGG
+from pflower.testbed.client_app import experiment_train
+from pflower.testbed.local_grid import LocalGrid
 
 NODES = 10
 BASE = {

@@ -58,7 +58,7 @@ MNIST = {
 
 
 def run(overrides: dict, clients: int) -> list:
-    from pflower.experiments.local_grid import run_local
+    from pflower.testbed.local_grid import run_local
 
     logging.getLogger("flwr").setLevel(logging.ERROR)
     cfg = {**overrides, "outputs-dir": str(Path(tempfile.gettempdir()) / "pflower-async")}

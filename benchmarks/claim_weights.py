@@ -34,7 +34,7 @@ import warnings
 import numpy as np
 
 from pflower.config import Config
-from pflower.strategies.checks import ClaimBound, lower_median
+from pflower.strategies.bound import ClaimBound, lower_median
 from pflower.strategies.history import LOSS_CLIP
 from pflower.task.data.loaders import client_arrays
 from pflower.wire import is_loss
@@ -121,7 +121,7 @@ def losses_table(args) -> None:
     """Honest runs, evaluation every round: the largest per-client loss over the lower
     median of the round's, per metric, its worst round."""
     import pflower.strategies.server as server
-    from pflower.experiments.local_grid import run_local
+    from pflower.testbed.local_grid import run_local
 
     seen: list[list[dict]] = []
     real = server.summarize_clients

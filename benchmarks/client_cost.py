@@ -74,9 +74,9 @@ PRESETS = {
 def measure(preset: str, clients: int, out: str) -> dict:
     from pflower.client_app import build_client_app
     from pflower.config import Config
-    from pflower.experiments.local_grid import run_local
     from pflower.strategies import get_algorithm
     from pflower.strategies.server import PersonalizedStrategy
+    from pflower.testbed.local_grid import run_local
 
     run = {**PRESETS[preset], "outputs-dir": out}
     cfg = Config.from_run_config(run)

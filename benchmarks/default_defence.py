@@ -12,7 +12,7 @@ track from the models it is sent), or 1e6 x its honest norm where nothing drops.
 every phase (pre-training too) and every round it is sampled in.
 
 ``--attack alie`` replaces that adversary by "A little is enough" (Baruch et al. 2019; the
-suite's ``pflower.experiments.attacks``): the Byzantine node trains honestly and tags its
+suite's ``pflower.testbed.attacks``): the Byzantine node trains honestly and tags its
 reply, and the server, told to simulate the omniscient adversary (``attack-simulation``),
 replaces it by mu - z sigma of the round's honest updates, a vector inside the honest spread
 that median- and distance-based rules pick. It needs no bound to aim at: it is the attack
@@ -69,11 +69,12 @@ from flwr.clientapp import ClientApp
 
 from pflower.client_app import build_client_app
 from pflower.config import Config
-from pflower.experiments.attacks import omniscient_tag
-from pflower.experiments.local_grid import LocalGrid
 from pflower.server_app import run as run_on
-from pflower.strategies.checks import provisional_scale
+from pflower.strategies.bound import provisional_scale
 from pflower.strategies.server import PersonalizedStrategy
+from pflower.testbed.attacks import omniscient_tag
+from pflower.testbed.local_grid import LocalGrid
+from pflower.testbed.server_app import attach
 from pflower.wire import ARRAYS, array_view
 
 #: every aggregating algorithm the issue names (async-ffgg and local have no mean to attack)
@@ -132,7 +133,7 @@ def accepted_norm(strategy: PersonalizedStrategy, weights: bool) -> float:
     """The largest update norm this round's bound can accept, as far as it is known before
     the round's replies (the reference only grows): ``K x R``, or before seeding
     ``min(S_t, S_1)``; inf without a bound."""
-    bound = strategy.norm_bound
+    bound = strategy.pipeline.bound.norm
     if not bound.factor:
         return math.inf
     rnd = _RUN["round"]
@@ -227,7 +228,8 @@ def one_run(
             contextlib.redirect_stdout(io.StringIO()),
             tempfile.TemporaryDirectory(prefix="pflower-defence-") as scratch,
         ):
-            rep = run_on(LocalGrid(app, NUM_NODES, seed=cfg.seed), cfg, out=Path(scratch))
+            grid = LocalGrid(app, NUM_NODES, seed=cfg.seed)
+            rep = run_on(grid, cfg, out=Path(scratch), prepare=attach)
     except Exception as err:  # the run stopped: that is the result
         return {"error": f"{type(err).__name__}: {str(err)[:300]}"}
     dropped: dict[str, int] = {}

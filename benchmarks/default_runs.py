@@ -26,7 +26,7 @@ import tomllib
 from pathlib import Path
 
 from pflower.config import ALGORITHMS
-from pflower.experiments.local_grid import run_local
+from pflower.testbed.local_grid import run_local
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the one key each of these needs besides the default run's (refused at start otherwise)

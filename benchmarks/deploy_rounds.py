@@ -186,7 +186,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
 
     from pflower.deploy import Federation
-    from pflower.experiments.local_grid import run_local
+    from pflower.testbed.local_grid import run_local
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="pflower-deploy-"))
     outputs = work / "outputs"

@@ -94,7 +94,7 @@ def one(job) -> dict:
 
     torch.set_num_threads(1)
     logging.getLogger("flwr").setLevel(logging.WARNING)
-    from pflower.experiments.local_grid import run_local
+    from pflower.testbed.local_grid import run_local
 
     start = time.perf_counter()
     report = run_local(cfg, clients)

@@ -406,10 +406,10 @@ def pflower_round_cpu(run: dict, nodes: int, out: str, breakdown: bool = False) 
     ``breakdown``, each of ``COST_CENTRES`` per round too."""
     from pflower.client_app import build_client_app
     from pflower.config import Config
-    from pflower.experiments.local_grid import run_local
     from pflower.strategies import get_algorithm
     from pflower.strategies.server import PersonalizedStrategy
     from pflower.task.data.loaders import client_arrays
+    from pflower.testbed.local_grid import run_local
 
     run = {**run, "outputs-dir": out}
     cfg = Config.from_run_config(run)

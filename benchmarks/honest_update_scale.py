@@ -20,9 +20,9 @@ import logging
 import numpy as np
 
 from pflower.config import ALGORITHMS
-from pflower.experiments.local_grid import run_local
-from pflower.strategies.checks import provisional_scale, update_norms
+from pflower.strategies.bound import provisional_scale, update_norms
 from pflower.strategies.server import PersonalizedStrategy
+from pflower.testbed.local_grid import run_local
 
 #: no aggregate (local), or a key it needs besides these runs' (refused at start otherwise)
 SKIP = {"local", "async-ffgg"}

@@ -702,7 +702,7 @@ PLANTS = [
     ),
     Plant(
         "alie: mu + z sigma",
-        "pflower/experiments/attacks.py",
+        "pflower/testbed/attacks.py",
         [("return honest.mean(dim=0) - z * std", "return honest.mean(dim=0) + z * std")],
         [T + "test_attacks.py"],
     ),
@@ -719,7 +719,7 @@ PLANTS = [
     ),
     Plant(
         "ipm: +epsilon mu",
-        "pflower/experiments/attacks.py",
+        "pflower/testbed/attacks.py",
         [("return -epsilon * honest.mean(dim=0)", "return epsilon * honest.mean(dim=0)")],
         [T + "test_attacks.py"],
     ),

@@ -167,7 +167,7 @@ def run_one(
             )
             (report,) = reports
         else:
-            from pflower.experiments.local_grid import run_local
+            from pflower.testbed.local_grid import run_local
 
             server_start.append(time.monotonic())
             report = run_local(run, clients)

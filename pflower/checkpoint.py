@@ -61,25 +61,12 @@ log = logging.getLogger("flwr.pflower")
 FORMAT = "pflower-checkpoint/1"
 DIRECTORY = "checkpoints"
 _NAME = re.compile(r"^round-(\d+)\.pt$")
-#: what every ``PersonalizedStrategy`` carries from round to round
-STRATEGY_ATTRIBUTES = (
-    "rng",
-    "sampling",  # the sampling seed (secret by default): results.json too, unless dp
-    "refusals",  # the handshake's refusals so far (results.json's refused-nodes)
-    "server_optimizer",
-    "history",
-    "personal_init",
-    "claimed_num_examples",
-    "claimed_evaluate_examples",
-    "update_norm_reference",
-    "update_norm_first_scale",
-    "extra_norm_bounds",
-    "final_clients",
-    "robust",
-    "clipping",
-    "run_tag",
-    "privacy",  # the DP accountant's ledger and the adaptive clip
-)
+#: classes a checkpoint of an older pflower pickled under another module's name
+MOVED = {
+    ("pflower.strategies.checks", "UpdateNormBound"): "pflower.strategies.bound",
+    ("pflower.strategies.checks", "RecentNormClip"): "pflower.strategies.bound",
+    ("pflower.strategies.checks", "ClaimBound"): "pflower.strategies.bound",
+}
 #: keys a resumed run may set differently: where and how it runs, not what it computes
 OPERATIONAL_KEYS = frozenset(
     {
@@ -113,8 +100,8 @@ def interval(cfg: RunSettings, grid: Grid) -> int:
 
 
 def strategy_state(strategy) -> dict:
-    names = (*STRATEGY_ATTRIBUTES, *getattr(strategy, "checkpoint_attributes", ()))
-    return {name: getattr(strategy, name) for name in names if hasattr(strategy, name)}
+    """What the strategy's next round depends on (``PersonalizedStrategy.state_dict``)."""
+    return strategy.state_dict()
 
 
 def _array(dtype: str, shape: tuple, stype: str, data: bytes) -> Array:
@@ -132,6 +119,14 @@ class _StatePickler(pickle.Pickler):
         if isinstance(obj, Array):
             return _array, (obj.dtype, tuple(obj.shape), obj.stype, bytes(obj.data))
         return NotImplemented
+
+
+class _StateUnpickler(pickle.Unpickler):
+    """Reads a strategy's state, classes that have moved since (``MOVED``) from where they
+    are now."""
+
+    def find_class(self, module: str, name: str):
+        return super().find_class(MOVED.get((module, name), module), name)
 
 
 def dumps_state(state: dict) -> bytes:
@@ -181,8 +176,7 @@ class Checkpoint:
 
     def restore(self, strategy) -> None:
         """Put the strategy's state back as it was after round ``round``."""
-        for name, value in self.state.items():
-            setattr(strategy, name, value)
+        strategy.load_state_dict(self.state)
 
 
 class Checkpointer:
@@ -265,7 +259,7 @@ def read(path: str | os.PathLike) -> Checkpoint | dict[str, torch.Tensor]:
         raise ConfigError(f"key 'resume-from' = {str(path)!r}: cannot be read ({err})") from None
     if not isinstance(content, dict) or content.get("format") != FORMAT:
         return content
-    state = pickle.loads(content["strategy"].numpy().tobytes())
+    state = _StateUnpickler(io.BytesIO(content["strategy"].numpy().tobytes())).load()
     return Checkpoint(
         path=path,
         round=int(content["round"]),

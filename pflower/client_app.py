@@ -6,8 +6,8 @@ own data file (``dataset = "node"``); ``state-dir`` (optional) keeps personal st
 directory on the device instead of ``context.state``.
 
 This is what a device runs, and only that: Byzantine clients and straggler delays attach from
-outside (``pflower.experiments.client_app`` wraps the training step of this very app), and
-this module imports nothing under ``pflower.experiments``. A node whose node config or run
+outside (``pflower.testbed.client_app`` wraps the training step of this very app), and
+this module imports nothing under ``pflower.testbed``. A node whose node config or run
 config asks for experiment behaviour (``byzantine``, ``delay-s``, ``straggler-delay-s``) is
 refused here rather than silently honest or punctual.
 """
@@ -41,7 +41,7 @@ TrainStep = Callable[[ClientJob, Mapping], tuple[dict[str, ArrayRecord], str, Ma
 #: runs a training step around the production one, as a Flower mod runs around a ClientApp
 #: (but with the job, which a mod never sees): (msg, context, job, config, train) -> its result
 WrapTrain = Callable[[Message, Context, ClientJob, Mapping, TrainStep], tuple]
-#: node-config keys of experiment behaviour: only ``pflower.experiments.client_app`` acts on them
+#: node-config keys of experiment behaviour: only ``pflower.testbed.client_app`` acts on them
 EXPERIMENT_NODE_KEYS = ("byzantine", "delay-s")
 
 
@@ -125,7 +125,7 @@ def build_client_app(
 
     ``wrap_train`` (optional) runs each training step in place of the client half's
     ``reply``, which it receives as ``train``: the experiment ClientApp
-    (``pflower.experiments.client_app``) attaches Byzantine behaviour and straggler delays
+    (``pflower.testbed.client_app``) attaches Byzantine behaviour and straggler delays
     this way. Without it, a node configured for experiment behaviour is refused."""
     app = ClientApp()
 
@@ -197,8 +197,8 @@ def refuse_experiment_keys(cfg: Config, node_config: Mapping) -> None:
         raise ValueError(
             f"{'; '.join(asked)}: experiment behaviour, which the production ClientApp "
             "(pflower.client_app:app) does not carry; run the experiment ClientApp "
-            "(clientapp = 'pflower.experiments.client_app:app', or "
-            "pflower.experiments.client_app.experiment_client_app)"
+            "(clientapp = 'pflower.testbed.client_app:app', or "
+            "pflower.testbed.client_app.experiment_client_app)"
         )
 
 

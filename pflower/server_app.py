@@ -23,8 +23,8 @@ from pflower.strategies import (
     personal_split,
     wire_split,
 )
-from pflower.strategies.checks import RunFailed
 from pflower.strategies.history import WireCount
+from pflower.strategies.settle import RunFailed
 from pflower.task import linear
 from pflower.task.fingerprint import expected_data_kind, model_fingerprint
 from pflower.task.split import Split, get_tensors
@@ -61,9 +61,17 @@ def check_split(cfg: Config, split: Split, personal: Split) -> None:
         )
 
 
-def run(grid: Grid, cfg: Config, out: Path | None = None) -> report.RunReport:
+#: what may attach to a run's strategy from outside before it starts (``run``'s ``prepare``)
+Prepare = Callable[[PersonalizedStrategy, Config], None]
+
+
+def run(
+    grid: Grid, cfg: Config, out: Path | None = None, prepare: Prepare | None = None
+) -> report.RunReport:
     """Run ``cfg`` on the nodes of ``grid``; write the outputs (into ``out``, or a new
-    directory under ``outputs-dir``) and print the summary."""
+    directory under ``outputs-dir``) and print the summary. ``prepare(strategy, cfg)``, if
+    given, attaches to the strategy what the production path has not (the testbed inserts
+    its simulation of an omniscient adversary as a stage of the reply pipeline)."""
     started = time.perf_counter()
     torch.manual_seed(cfg.seed)
     model = build_run_model(cfg)
@@ -82,17 +90,18 @@ def run(grid: Grid, cfg: Config, out: Path | None = None) -> report.RunReport:
         "on the wire: %d of %d parameters", split.num_shared, split.num_shared + split.num_personal
     )
     strategy = make_strategy(cfg, split.shared)
-    if hasattr(strategy, "expected_facts"):  # the handshake: every node runs this model and data
-        strategy.expected_facts.update(
-            {
-                MODEL_FINGERPRINT: model_fingerprint(model),
-                DATA_KIND: expected_data_kind(cfg.dataset),
-            }
+    # the handshake: every node runs this model and data
+    strategy.nodes.expected_facts.update(
+        {MODEL_FINGERPRINT: model_fingerprint(model), DATA_KIND: expected_data_kind(cfg.dataset)}
+    )
+    if prepare is not None:  # what attaches from outside (the testbed's attack simulation)
+        prepare(strategy, cfg)
+    elif cfg.attack_simulation:
+        raise ConfigError(
+            "key 'attack-simulation' = true: pflower's ServerApp never simulates an attack; "
+            "robustness experiments run the testbed's (serverapp = "
+            "'pflower.testbed.server_app:app', or pflower.testbed.local_grid.run_local)"
         )
-    if cfg.attack_simulation:  # robustness experiments: the server simulates ALIE / IPM
-        from pflower.experiments.attacks import simulate_omniscient
-
-        strategy.attack_simulation = simulate_omniscient
     # With FedAvg pre-training the whole model travels first; the strategy splits it after.
     initial = [n for n, _ in model.named_parameters()] if cfg.pretrain_rounds else split.shared
     tensors = get_tensors(model, initial)
@@ -129,8 +138,8 @@ def run(grid: Grid, cfg: Config, out: Path | None = None) -> report.RunReport:
         shared=final.arrays.to_torch_state_dict() if final is not None else None,
         run_tag=strategy.run_tag,
         fab_hash=fab_hash,
-        sampling=getattr(strategy, "sampling", None),
-        refused=list(getattr(strategy, "refusals", [])),
+        sampling=strategy.nodes.sampling,
+        refused=list(strategy.nodes.refusals),
     )
     out = report.write(result, out)
     table = report.summary_table(result)
@@ -300,11 +309,12 @@ def build_server_app(
     overrides: Mapping | None = None,
     on_report: Callable[[report.RunReport], None] | None = None,
     out: Path | None = None,
+    prepare: Prepare | None = None,
 ) -> ServerApp:
     """A ServerApp; ``overrides`` are run-config keys applied over ``context.run_config``
     (``flwr.simulation.run_simulation`` passes no run config); ``on_report`` receives the
     run's report (tests and benchmarks read results from it); ``out``: the output directory
-    (default: a new one under ``outputs-dir``)."""
+    (default: a new one under ``outputs-dir``); ``prepare``: ``run``'s."""
     app = ServerApp()
     one_line_failures()
 
@@ -319,7 +329,7 @@ def build_server_app(
             quiet.third_party()
         try:
             cfg = Config.from_run_config(run_config)
-            result = run(grid, cfg, out)  # checks the split against the model before any message
+            result = run(grid, cfg, out, prepare)  # the split checked before any message
         except ONE_LINE_FAILURES as err:
             log.error("pflower: %s", err)
             raise

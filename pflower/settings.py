@@ -800,7 +800,7 @@ class RunSettings(Settings):
         description=(
             "robustness experiments only: the server replaces the replies of nodes with `byzantine "
             "= 'alie'`/`'ipm'` by the omniscient adversary's vector "
-            "(`pflower/experiments/attacks.py`; Running experiments: Byzantine clients)"
+            "(`pflower/testbed/attacks.py`; Running experiments: Byzantine clients)"
         ),
     )
 

@@ -164,11 +164,12 @@ def handshake_problem(cfg, config: Mapping, settings: bool = True) -> str:
     theirs = config.get(SETTINGS_FINGERPRINT) if settings else None
     mine = settings_fingerprint(cfg) if theirs is not None else None
     # a run config's server sends its algorithm; a strategy built by hand the names of the
-    # client halves it serves, separated by "|" (``PersonalizedStrategy.algorithm``)
-    if algorithm is not None and cfg.algorithm not in str(algorithm).split("|"):
+    # client halves it serves (``PersonalizedStrategy.serves``)
+    names = [algorithm] if isinstance(algorithm, str) else list(algorithm or ())
+    if algorithm is not None and cfg.algorithm not in names:
         return (
-            f"{CONFIG_MISMATCH}: the server runs algorithm {algorithm!r}, this client "
-            f"{cfg.algorithm!r}; start both from the same run config"
+            f"{CONFIG_MISMATCH}: the server runs algorithm {' or '.join(map(repr, names))}, "
+            f"this client {cfg.algorithm!r}; start both from the same run config"
         )
     if theirs is not None and theirs != mine:
         return (

@@ -202,7 +202,7 @@ def _attacked_run(robust: dict, tmp_path):
     """FedAvg on digits, 10 clients, 2 of them replying weights of 1e6 every round."""
     from helpers import corrupting_app
 
-    from pflower.experiments.local_grid import run_local
+    from pflower.testbed.local_grid import run_local
 
     overrides = {
         "algorithm": "fedavg",

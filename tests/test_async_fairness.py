@@ -23,10 +23,11 @@ from test_bounds import attacking_app
 
 from pflower.client_app import build_client_app
 from pflower.config import Config, ConfigError
-from pflower.experiments.local_grid import LocalGrid
 from pflower.server_app import run as run_on
 from pflower.strategies.async_ffgg import FAIR_BURST, AsyncFFGG
-from pflower.strategies.checks import CLIP_POOL, RecentNormClip, RunFailed
+from pflower.strategies.bound import CLIP_POOL, RecentNormClip
+from pflower.strategies.settle import RunFailed
+from pflower.testbed.local_grid import LocalGrid
 
 NODES = 10
 #: synthetic-linear (milliseconds a reply), asynchronous

@@ -8,13 +8,13 @@ import pytest
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from pflower.config import Config, ConfigError
-from pflower.experiments.client_app import experiment_client_app
-from pflower.experiments.local_grid import LocalGrid, run_local
-from pflower.experiments.stragglers import straggler_delay
 from pflower.server_app import server_evaluation
 from pflower.strategies import build_run_model, make_strategy, wire_split
 from pflower.strategies.async_ffgg import AsyncFFGG
 from pflower.task.split import get_tensors
+from pflower.testbed.client_app import experiment_client_app
+from pflower.testbed.local_grid import LocalGrid, run_local
+from pflower.testbed.stragglers import straggler_delay
 
 LINEAR = {
     "dataset": "synthetic-linear",

@@ -8,8 +8,8 @@ from flwr.app import Array, ArrayRecord
 from helpers import OUTPUTS_DIR
 
 from pflower.config import Config, ConfigError
-from pflower.experiments import attacks
-from pflower.experiments.local_grid import run_local
+from pflower.testbed import attacks
+from pflower.testbed.local_grid import run_local
 
 
 def _record(value):
@@ -165,10 +165,10 @@ def _update(node, value, tag=None, **extra):
 def test_server_replaces_tagged_replies_in_update_space(returns_weights):
     from pflower.strategies.fedavg import FedAvg
     from pflower.strategies.ffgg import FFGG
+    from pflower.strategies.rounds import Round
 
-    simulation = attacks.simulate_omniscient
-    strategy = (FedAvg if returns_weights else FFGG)(attack_simulation=simulation)
     current = {"w": np.asarray([10.0, 10.0], np.float32)}
+    rnd = Round(1, current=current, weights=returns_weights)
     honest = [[1.0, 2.0], [3.0, 2.0], [5.0, 8.0]]  # updates u_i
     sent = [(np.subtract(current["w"], u) if returns_weights else u) for u in honest]
     updates = [_update(i, v) for i, v in enumerate(sent)]
@@ -176,7 +176,7 @@ def test_server_replaces_tagged_replies_in_update_space(returns_weights):
         _update(7, sent[0], tag=1, **{"byzantine-z": 1.0}),
         _update(8, sent[1], tag=2, **{"byzantine-epsilon": 0.5}),
     ]
-    out = strategy.simulate_omniscient(1, current, updates)
+    out = attacks.OmniscientAttack()(rnd, updates)  # the stage the testbed inserts
     assert [u.node_id for u in out] == [0, 1, 2, 7, 8]
     # ALIE, z = 1: mean (3, 4) - std (2, sqrt(12)); IPM: -0.5 * (3, 4)
     want = {7: [1.0, 4 - 12**0.5], 8: [-1.5, -2.0]}
@@ -186,7 +186,8 @@ def test_server_replaces_tagged_replies_in_update_space(returns_weights):
         assert attacks.OMNISCIENT_KEY not in u.metrics and u.tensors["w"].dtype == np.float32
     # without the simulation the server drops tagged replies rather than trust them
     plain = (FedAvg if returns_weights else FFGG)()
-    assert [u.node_id for u in plain.simulate_omniscient(1, current, updates)] == [0, 1, 2]
+    assert [u.node_id for u in plain.pipeline.untagged(rnd, updates)] == [0, 1, 2]
+    assert rnd.dropped == {"omniscient-attack tag without attack-simulation": 2}
 
 
 ATTACKED = {
@@ -237,7 +238,7 @@ def test_attacks_and_delays_attach_only_through_the_experiment_client_app():
     straggler is refused there (an error reply, dropped and counted: never a silently honest
     "attacker"); the experiment ClientApp, around the same app, attacks."""
     from pflower.client_app import build_client_app
-    from pflower.experiments.client_app import experiment_client_app
+    from pflower.testbed.client_app import experiment_client_app
 
     run = {**BASE, "algorithm": "fedavg", "num-server-rounds": 1, "evaluate-every": 1}
     run |= {"local-epochs": 1, "finetune-epochs": 0}

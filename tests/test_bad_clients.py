@@ -14,12 +14,12 @@ from helpers import OUTPUTS_DIR, job_for
 
 from pflower.client_app import build_client_app
 from pflower.config import Config, ConfigError
-from pflower.experiments.local_grid import LocalGrid, run_local
 from pflower.strategies import ALGORITHMS, FedAvg
 from pflower.strategies.aggregators import make_aggregator
 from pflower.strategies.apfl import ALPHA_KEY, V_KEY, APFLClient
 from pflower.strategies.fedalt import HEAD_ALIASES
 from pflower.task.state import DirectoryStore
+from pflower.testbed.local_grid import LocalGrid, run_local
 from pflower.wire import ALPHA
 
 RUN = {
@@ -200,12 +200,23 @@ def test_the_norm_bound_keeps_an_honest_client_next_to_a_converged_majority():
     minority cannot raise it: 1e30 and 101 x the reference are dropped."""
     from pflower.wire import GRADIENT, ClientUpdate
 
+    from pflower.strategies.rounds import Round
+
     strategy = FedAvg(reply_key=GRADIENT, max_update_norm=100.0)
     strategy.num_rounds = 10
+    bound = strategy.pipeline.bound  # the stage, as the strategy built it
     # ||theta|| = 1, client lr 0.05: S = 20, the first rounds' bound (K R = K S / K)
     current = {"w": np.array([1.0, 0.0, 0.0, 0.0])}
     dropped = []
-    strategy._drop = lambda rnd, node, reason: dropped.append((rnd, node))
+
+    class Watched(Round):
+        def drop(self, node, reason):
+            dropped.append((self.number, node))
+
+    def bounded(number, updates):
+        rnd = Watched(number, reply_key=GRADIENT, weights=False, kind=GRADIENT, current=current)
+        rnd.step_factor = strategy.step_factor(number)
+        return bound(rnd, updates)
 
     def replies(*norms):  # one reply per norm: a gradient of that length along one axis
         return [
@@ -215,17 +226,17 @@ def test_the_norm_bound_keeps_an_honest_client_next_to_a_converged_majority():
 
     # R starts at S / K = 0.2 and follows the lower median 1.8 at most 2x per round
     for rnd in range(1, 10):
-        kept = strategy.bound_updates(rnd, current, replies(1.8, 2.0, 1.2, 1.9))
+        kept = bounded(rnd, replies(1.8, 2.0, 1.2, 1.9))
         assert len(kept) == 4 and not dropped
-    assert strategy.update_norm_reference == {False: pytest.approx(1.8)}
+    assert bound.norm.reference == {False: pytest.approx(1.8)}
     # a converged round: median 0.01, an honest returning client sends 15 (1500 x the median)
-    kept = strategy.bound_updates(10, current, replies(0.01, 0.012, 0.008, 15.0))
+    kept = bounded(10, replies(0.01, 0.012, 0.008, 15.0))
     assert len(kept) == 4 and not dropped
     # a minority cannot raise the reference: 1e30 and 101 x 1.8 dropped, 99 x 1.8 kept
-    kept = strategy.bound_updates(11, current, replies(0.01, 0.01, 0.01, 1e30, 101 * 1.8))
+    kept = bounded(11, replies(0.01, 0.01, 0.01, 1e30, 101 * 1.8))
     assert dropped == [(11, 3), (11, 4)] and len(kept) == 3
-    kept = strategy.bound_updates(12, current, replies(0.01, 0.01, 0.01, 99 * 1.8))
-    assert len(kept) == 4 and strategy.update_norm_reference == {False: pytest.approx(1.8)}
+    kept = bounded(12, replies(0.01, 0.01, 0.01, 99 * 1.8))
+    assert len(kept) == 4 and bound.norm.reference == {False: pytest.approx(1.8)}
 
 
 def test_a_lie_about_num_examples_is_capped_never_dropped():
@@ -443,10 +454,10 @@ def test_start_up_answers_that_are_no_counts_are_ignored_and_a_lie_is_bounded():
     grid = LocalGrid(app, 5)
     node_of = {int(c.node_config["partition-id"]): n for n, c in grid.contexts.items()}
     strategy = PFLEGO()
-    strategy.learn_partitions(grid, timeout=5)
-    assert strategy.partition_of == {node_of[3]: 3, node_of[4]: 4}
+    strategy.nodes.learn_partitions(grid, timeout=5)
+    assert strategy.nodes.partition_of == {node_of[3]: 3, node_of[4]: 4}
     sizes = {node_of[0]: 1e12, node_of[2]: 300, node_of[3]: 280, node_of[4]: 310}
-    assert strategy.num_train_of == sizes
+    assert strategy.nodes.num_train_of == sizes
     # kappa x the lower median (the 2nd smallest of 280, 300, 310, 1e12)
     assert strategy.num_train_total == 300 + 280 + 310 + 10 * 300
     run = {**RUN, "algorithm": "pflego"}  # and a run whose nodes answer so goes on
@@ -739,7 +750,7 @@ def test_a_silent_node_is_counted_as_dropped():
 def test_round_deadline_follows_the_work():
     """round-timeout 0 (the default): the first exchange may take 600 s, later ones 10 x the
     slowest complete exchange so far (at least 120 s); explicit timeouts pass through."""
-    from pflower.strategies.nodes import RoundDeadline
+    from pflower.strategies.exchange import RoundDeadline
 
     class Recorder:
         def __init__(self):
@@ -775,7 +786,7 @@ def test_a_client_answering_just_before_the_deadline_cannot_stretch_it():
     exchange now counts its slowest reply up to 10 x its lower-median one (and a 1-message
     exchange after the first counts nothing), so the deadline stays near the honest work;
     an honest straggler within 10 x the median is still waited for in full."""
-    from pflower.strategies.nodes import RoundDeadline
+    from pflower.strategies.exchange import RoundDeadline
 
     class Timed:  # a grid whose replies arrive at given seconds (as Window times them)
         def __init__(self):
@@ -807,7 +818,7 @@ def test_a_client_answering_just_before_the_deadline_cannot_stretch_it():
 def test_window_times_its_replies():
     """``Window.arrivals``: seconds from the exchange's start to each reply, what
     RoundDeadline reads (Flower's engines always go through a Window)."""
-    from pflower.strategies.nodes import Window
+    from pflower.strategies.exchange import Window
 
     grid = LocalGrid(build_client_app({**RUN, "algorithm": "fedavg"}), 3)
     queries = [

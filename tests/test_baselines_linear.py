@@ -11,10 +11,10 @@ from helpers import OUTPUTS_DIR
 
 from pflower.client_app import build_client_app
 from pflower.config import Config
-from pflower.experiments.local_grid import LocalGrid
 from pflower.strategies import build_run_model, make_strategy, wire_split
 from pflower.task import linear
 from pflower.task.split import get_tensors
+from pflower.testbed.local_grid import LocalGrid
 
 M, N, DT, DW = 4, 30, 5, 3
 BASE = {
@@ -162,7 +162,7 @@ def test_local_gd_is_fedavg_of_gradient_descent():
 
 def test_server_reports_the_closed_form_errors_every_round():
     """The ServerApp's evaluate_fn: ||theta - theta*||^2 and ||F(theta)||^2 from round 0."""
-    from pflower.experiments.local_grid import run_local
+    from pflower.testbed.local_grid import run_local
 
     report = run_local(
         {

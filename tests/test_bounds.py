@@ -1,4 +1,4 @@
-"""Bounds an adversary cannot walk around (``pflower.strategies.checks``): the update-norm
+"""Bounds an adversary cannot walk around (``pflower.strategies.bound``): the update-norm
 and claim bounds at every round size, a reference that grows at most ``g`` per round, the
 robust rule in every phase, rule preconditions checked each round, the handshake, rounds
 that apply nothing, and a node kept out by its own state brought back.
@@ -22,19 +22,16 @@ from test_bad_clients import RUN  # digits, MLP, 2 rounds, every node every roun
 
 from pflower.client_app import build_client_app
 from pflower.config import Config
-from pflower.experiments.local_grid import LocalGrid, run_local
 from pflower.server_app import run as run_on
 from pflower.strategies import FedAvg
 from pflower.strategies.aggregators import Krum, Mean, make_aggregator
-from pflower.strategies.checks import (
-    CLAIM_FACTOR,
-    ClaimBound,
-    RunFailed,
-    UpdateNormBound,
-    lower_median,
-)
+from pflower.strategies.bound import CLAIM_FACTOR, ClaimBound, UpdateNormBound, lower_median
+from pflower.strategies.pipeline import ReplyPipeline
 from pflower.strategies.robust_fedavg import RobustFedAvg
+from pflower.strategies.rounds import Round
 from pflower.strategies.server import PersonalizedStrategy, RoundSkipped
+from pflower.strategies.settle import RunFailed
+from pflower.testbed.local_grid import LocalGrid, run_local
 from pflower.wire import ClientUpdate
 
 #: the four kinds of reply the bounds see: weights (FedAvg), weights under server Adam
@@ -230,11 +227,11 @@ def test_multi_krum_refuses_m_above_n_minus_f_on_every_call():
 
 
 def test_a_round_that_cannot_tolerate_f_is_skipped_not_weakened():
-    strategy = FedAvg(robust=make_aggregator("median"), byzantine=2)
+    rule = FedAvg(robust=make_aggregator("median"), byzantine=2).pipeline.combine
     updates = [{"w": np.array([float(i)])} for i in range(4)]  # median tolerates 1 of 4
     with pytest.raises(RoundSkipped, match="tolerates at most 1 Byzantine, not 2"):
-        strategy.combine(updates, [1.0] * 4)
-    assert strategy.combine(updates + [{"w": np.array([9.0])}], [1.0] * 5)["w"][0] == 2.0
+        rule(Round(1), updates, [1.0] * 4)
+    assert rule(Round(1), updates + [{"w": np.array([9.0])}], [1.0] * 5)["w"][0] == 2.0
 
 
 # --- adaptive adversaries against whole runs ------------------------------------------------
@@ -286,18 +283,19 @@ def test_a_just_below_bound_attacker(monkeypatch, algorithm, robust):
         return {k: -target / norm(vector) * v for k, v in vector.items()}
 
     seen: list = []  # per round: the server's current theta, the replies kept, the aggregate
-    real_bound, real_combine = PersonalizedStrategy.bound_updates, PersonalizedStrategy.combine
+    real_pipeline, real_combine = ReplyPipeline.updates, PersonalizedStrategy.combine
 
-    def keep_updates(self, server_round, current, updates):
-        kept = real_bound(self, server_round, current, updates)
-        seen.append({"current": current, "kept": kept, "strategy": self})
+    def keep_updates(self, rnd, replies):
+        kept = real_pipeline(self, rnd, replies)
+        seen.append({"current": rnd.current, "kept": kept, "pipeline": self})
         return kept
 
     def keep_combined(self, vectors, weights, center=None):
         seen[-1]["out"] = out = real_combine(self, vectors, weights, center)
+        seen[-1]["strategy"] = self
         return out
 
-    monkeypatch.setattr(PersonalizedStrategy, "bound_updates", keep_updates)
+    monkeypatch.setattr(ReplyPipeline, "updates", keep_updates)
     monkeypatch.setattr(PersonalizedStrategy, "combine", keep_combined)
     run = {**RUN, **ALGORITHMS[algorithm], "num-server-rounds": 3, "evaluate-every": 3}
     if robust:
@@ -310,7 +308,7 @@ def test_a_just_below_bound_attacker(monkeypatch, algorithm, robust):
     honest_norms = []
     for r in seen:
         vectors = {
-            strategy.partition_of[u.node_id]: {
+            strategy.nodes.partition_of[u.node_id]: {
                 k: t if gradient else r["current"][k] - t for k, t in u.tensors.items()
             }
             for u in r["kept"]
@@ -326,7 +324,7 @@ def test_a_just_below_bound_attacker(monkeypatch, algorithm, robust):
                 assert np.all(out >= low - 1e-6) and np.all(out <= high + 1e-6)
     if not robust:
         first = {**seen[0]["current"], "config": {"lr": Config.from_run_config(run).lr}}
-        (reference,) = strategy.update_norm_reference.values()
+        (reference,) = strategy.pipeline.bound.norm.reference.values()
         assert reference <= max(first_bound(first, gradient) / 1000, max(honest_norms)) * (1 + 1e-9)
 
 
@@ -344,13 +342,13 @@ def test_a_growing_attacker_cannot_walk_the_reference_up(monkeypatch):
 
     monkeypatch.setattr(UpdateNormBound, "bound", recording)
     thetas = []
-    real_bound_updates = PersonalizedStrategy.bound_updates
+    real_pipeline = ReplyPipeline.updates
 
-    def keep_theta(self, server_round, current, updates):
-        thetas.append({k: v.copy() for k, v in current.items()})
-        return real_bound_updates(self, server_round, current, updates)
+    def keep_theta(self, rnd, replies):
+        thetas.append({k: v.copy() for k, v in rnd.current.items()})
+        return real_pipeline(self, rnd, replies)
 
-    monkeypatch.setattr(PersonalizedStrategy, "bound_updates", keep_theta)
+    monkeypatch.setattr(ReplyPipeline, "updates", keep_theta)
     run = {**RUN, "algorithm": "fedavg", "num-server-rounds": 10, "evaluate-every": 10}
     report = run_local(run, 5, client_app=attacking_app(run, scaled(lambda r: 3.0 ** (r - 1))))
     thetas.append(report.shared)
@@ -460,18 +458,18 @@ def test_low_claims_do_not_seed_the_update_norm_reference(monkeypatch):
         target = 0.5 * first_bound(sent, False)
         return {k: target / norm(vector) * v for k, v in vector.items()}
 
-    strategies = []
-    real = PersonalizedStrategy.bound_updates
+    pipelines = []
+    real = ReplyPipeline.updates
 
-    def keep(self, server_round, current, updates):
-        strategies.append(self)
-        return real(self, server_round, current, updates)
+    def keep(self, rnd, replies):
+        pipelines.append(self)
+        return real(self, rnd, replies)
 
-    monkeypatch.setattr(PersonalizedStrategy, "bound_updates", keep)
+    monkeypatch.setattr(ReplyPipeline, "updates", keep)
     app = attacking_app(run, attack, claim=lambda pid, n: 1 if pid < 2 else n)
     report = run_local(run, 4, client_app=app)
     assert not any(e.dropped for e in report.rounds)
-    (reference,) = strategies[-1].update_norm_reference.values()
+    (reference,) = pipelines[-1].bound.norm.reference.values()
     assert reference <= max(honest_norms)
 
 
@@ -625,7 +623,7 @@ def test_robust_fedavg_bounds_a_lone_huge_reply():
 def test_client_update_norms_in_the_bound_are_those_computed_here():
     """The norm the bound compares is the update's: ``theta - w`` for weights, the vector
     otherwise (a reply of weights equal to theta has norm 0, not ||theta||)."""
-    from pflower.strategies.checks import update_norms
+    from pflower.strategies.bound import update_norms
 
     current = {"a": np.array([3.0, 4.0]), "b": np.array([[12.0]])}
     same = ClientUpdate(1, {k: v.copy() for k, v in current.items()}, {"num-examples": 1})
@@ -640,7 +638,7 @@ def test_update_norms_and_means_equal_an_independent_computation():
     difference, and the weighted means bit for bit against the plain formulas
     ``sum_i w_i a_i`` and ``c - sum_i w_i a_i`` in float64 with normalized weights, the
     latter to float64 rounding against the mean of the updates ``sum_i w_i (c - a_i)``."""
-    from pflower.strategies.checks import update_norms
+    from pflower.strategies.bound import update_norms
     from pflower.strategies.combine import weighted_mean, weighted_mean_of_updates
 
     rng = np.random.default_rng(4)

@@ -17,7 +17,7 @@ from user_models import D_PERSONAL
 from pflower.client_app import build_client_app
 from pflower.config import Config, ConfigError
 from pflower.context_store import META
-from pflower.experiments.local_grid import run_local
+from pflower.testbed.local_grid import run_local
 
 
 def operator_parts(clients, weighting: str, scale: float = 2.0):

@@ -11,8 +11,8 @@ import torch
 from pflower import checkpoint
 from pflower.client_app import build_client_app
 from pflower.config import Config, ConfigError
-from pflower.experiments.local_grid import LocalGrid
 from pflower.server_app import run
+from pflower.testbed.local_grid import LocalGrid
 
 BASE = {
     "dataset": "digits",

@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from pflower.experiments.local_grid import run_local
 from pflower.predict import StateMismatch, personal_model, run_config
 from pflower.predict import main as predict_main
 from pflower.task.data import load_client_data
 from pflower.task.train import evaluate
+from pflower.testbed.local_grid import run_local
 
 RUN = {
     "algorithm": "fedalt",

@@ -16,12 +16,13 @@ from helpers import pairings
 from test_bounds import attacking_app, drops
 
 from pflower.config import Config
-from pflower.experiments.local_grid import LocalGrid
 from pflower.server_app import run as run_on
 from pflower.strategies import FedAvg
 from pflower.strategies.aggregators import make_aggregator
 from pflower.strategies.combine import AdaptiveClipping
+from pflower.strategies.rounds import Round
 from pflower.strategies.privacy import DPSettings
+from pflower.testbed.local_grid import LocalGrid
 
 FACTOR = 1.0
 
@@ -463,13 +464,13 @@ def test_the_byzantines_a_rule_tolerates_cannot_stop_the_run(
 
 
 def test_f_counts_every_sampled_node_without_a_kept_reply():
-    strategy = FedAvg(robust=make_aggregator("median"), byzantine=2)
-    strategy._asked = {1, 2, 3, 4, 5}
-    assert strategy.byzantine_kept(5) == 2
-    assert strategy.byzantine_kept(4) == 1  # one dropped: at most one Byzantine left
-    assert strategy.byzantine_kept(2) == 0
+    rule = FedAvg(robust=make_aggregator("median"), byzantine=2).pipeline.combine
+    assert rule.byzantine_kept(5, 5) == 2
+    assert rule.byzantine_kept(5, 4) == 1  # one dropped: at most one Byzantine left
+    assert rule.byzantine_kept(5, 2) == 0
     # 2 kept of 5 asked: every kept reply honest, the median over 2 is their mean
-    got = strategy.combine([{"w": np.array([1.0])}, {"w": np.array([3.0])}], [1.0, 1.0])
+    rnd = Round(1, asked={1, 2, 3, 4, 5})
+    got = rule(rnd, [{"w": np.array([1.0])}, {"w": np.array([3.0])}], [1.0, 1.0])
     assert got["w"][0] == 2.0
 
 

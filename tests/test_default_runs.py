@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pflower.config import ALGORITHMS, ConfigError
-from pflower.experiments.local_grid import run_local
+from pflower.testbed.local_grid import run_local
 
 DEFAULT = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["tool"]["flwr"][
     "app"

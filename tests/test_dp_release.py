@@ -35,15 +35,15 @@ from test_sampling import replayed
 
 from pflower.client_app import build_client_app
 from pflower.config import Config
-from pflower.experiments.local_grid import LocalGrid
 from pflower.report import results as results_module
 from pflower.report.terminal import privacy_line
 from pflower.server_app import run
 from pflower.settings import ConfigError
 from pflower.strategies import ALGORITHMS
-from pflower.strategies.nodes import NodeSampling, SecretRandom
+from pflower.strategies.nodes import NodeSampler, SecretRandom
 from pflower.strategies.privacy import DPSettings, Mechanism
 from pflower.strategies.scaffold import CONTROL_DELTA
+from pflower.testbed.local_grid import LocalGrid
 
 C = 0.5  # dp-clip
 NODES = 4  # all of them sampled in every round (fraction-train 1: L2GD needs it)
@@ -96,7 +96,7 @@ def quick(monkeypatch):
         if name.startswith("_plot_"):
             monkeypatch.setattr(results_module, name, lambda *args, **kwargs: None)
     monkeypatch.setattr(
-        NodeSampling,
+        NodeSampler,
         "wait_for_nodes",
         lambda self, grid, timeout, settle=1.0: sorted(grid.get_node_ids()),
     )
@@ -376,11 +376,11 @@ def test_under_central_dp_no_norm_reference_or_claim_median_decides_about_a_repl
         ]
         _, metrics = strategy.aggregate_train(1, replies)
         if mode == "none":  # what central DP turns off: a statistic of the others decides
-            assert strategy.update_norm_reference and metrics["claims-capped"] == 1
+            assert strategy.pipeline.bound.norm.reference and metrics["claims-capped"] == 1
             assert "grad-norm-max" in metrics
             continue
         assert metrics["applied"] == 4 and metrics["dropped"] == 0
-        assert strategy.update_norm_reference == {} and "claims-capped" not in metrics
+        assert strategy.pipeline.bound.norm.reference == {} and "claims-capped" not in metrics
         assert metrics["num-examples"] == 503.0  # each claim its own, capped by nothing else
         assert not [k for k in metrics if "norm" in k]
 
@@ -451,7 +451,7 @@ def test_under_local_dp_a_replys_fate_is_the_fixed_allowance_alone(task_identity
         ]
         _, metrics = strategy.aggregate_train(server_round, replies)
         assert metrics["applied"] == 3 and metrics["dropped"] == 1, server_round
-    assert strategy.update_norm_reference == {}
+    assert strategy.pipeline.bound.norm.reference == {}
 
 
 def test_scaffolds_control_moves_by_the_planned_sample_not_the_replies_kept(task_identity):

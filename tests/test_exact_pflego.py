@@ -23,10 +23,10 @@ from helpers import BASE
 from pflower.client_app import build_client_app
 from pflower.config import Config
 from pflower.context_store import Scope, ScopedStore, open_store
-from pflower.experiments.local_grid import LocalGrid
 from pflower.strategies import build_run_model, make_strategy, wire_split
 from pflower.task.data import client_arrays
 from pflower.task.split import get_tensors
+from pflower.testbed.local_grid import LocalGrid
 
 NUM_CLIENTS, TAU, BETA, RHO = 4, 3, 0.2, 0.1
 HEAD = ("head.weight", "head.bias")

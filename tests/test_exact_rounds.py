@@ -20,9 +20,9 @@ from user_models import D_PERSONAL
 from pflower.client_app import build_client_app
 from pflower.config import Config
 from pflower.context_store import open_store
-from pflower.experiments.local_grid import LocalGrid
 from pflower.strategies import build_run_model, make_strategy, wire_split
 from pflower.task.split import get_tensors
+from pflower.testbed.local_grid import LocalGrid
 
 TOL = {"rtol": 1e-11, "atol": 1e-13}
 

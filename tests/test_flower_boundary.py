@@ -18,10 +18,10 @@ import pytest
 from helpers import OUTPUTS_DIR
 from test_deploy_kit import _kit_refuses_this_flower
 
-from pflower.experiments.local_grid import LocalGrid, run_local
 from pflower.flower import FlowerDrift, _said, grids
 from pflower.flower import dispatch as flower_dispatch
 from pflower.flower import dp as flower_dp
+from pflower.testbed.local_grid import LocalGrid, run_local
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Flower's public modules (its API reference); everything else of ``flwr`` is private
@@ -37,7 +37,7 @@ PUBLIC = {
 }
 #: where private touches may be: the boundary and the tests' LocalGrid (the deployment kit
 #: reaches Flower through the boundary's cli, superexec, texts and waits: issue 48 item 1)
-ALLOWED = ("pflower/flower/", "pflower/experiments/local_grid.py")
+ALLOWED = ("pflower/flower/", "pflower/testbed/local_grid.py")
 TINY = {
     "dataset": "digits",
     "num-server-rounds": 2,
@@ -100,7 +100,7 @@ def test_importing_the_apps_imports_no_private_module_of_the_boundary():
 
 
 def test_a_dispatcher_flower_moved_or_changed_falls_back_with_one_warning(monkeypatch, caplog):
-    from pflower.strategies.nodes import index_dispatch
+    from pflower.strategies.exchange import index_dispatch
 
     def moved():
         raise ImportError("No module named 'flwr.server.superlink'")
@@ -141,7 +141,7 @@ def test_object_pulls_flower_moved_leave_its_backoff_and_say_so(monkeypatch, cap
     import flwr.supercore.inflatable as package
 
     from pflower.flower import waits
-    from pflower.strategies.nodes import shorten_pull_backoff
+    from pflower.strategies.exchange import shorten_pull_backoff
 
     monkeypatch.delattr(package, "inflatable_utils")
     monkeypatch.setitem(sys.modules, "flwr.supercore.inflatable.inflatable_utils", None)
@@ -163,9 +163,9 @@ def test_a_grid_not_recognised_runs_the_safe_path_with_a_warning(caplog):
     checkpointed as in deployment, the run the same as on a known grid, and said once."""
     from pflower.checkpoint import in_deployment
     from pflower.config import Config
-    from pflower.experiments.client_app import experiment_client_app
     from pflower.server_app import run
-    from pflower.strategies.nodes import Window
+    from pflower.strategies.exchange import Window
+    from pflower.testbed.client_app import experiment_client_app
 
     cfg = Config.from_run_config(TINY)
     grid = RenamedGrid(experiment_client_app(TINY), 3, seed=cfg.seed)

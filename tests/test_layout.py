@@ -248,14 +248,14 @@ def test_the_bottom_layer_imports_no_algorithm():
 
 
 def test_the_device_app_imports_no_experiment_module():
-    """``client_app.py`` itself imports nothing under ``pflower.experiments``: Byzantine and
-    straggler behaviour attach from outside (``pflower.experiments.client_app``)."""
+    """``client_app.py`` itself imports nothing under ``pflower.testbed``: Byzantine and
+    straggler behaviour attach from outside (``pflower.testbed.client_app``)."""
     graph = import_graph()
     assert not {m for m in graph["pflower.client_app"] if m.startswith("pflower.experiment")}
 
 
 def test_the_device_entry_imports_no_experiment_code():
-    """A device runs pflower.client_app: nothing under pflower.experiments is loaded."""
+    """A device runs pflower.client_app: nothing under pflower.testbed is loaded."""
     import subprocess
     import sys
 

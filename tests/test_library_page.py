@@ -16,8 +16,8 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
-from pflower.experiments.local_grid import LocalGrid
 from pflower.strategies import nodes
+from pflower.testbed.local_grid import LocalGrid
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "library.md"

@@ -6,7 +6,7 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, 
 from flwr.clientapp import ClientApp
 from helpers import OUTPUTS_DIR
 
-from pflower.experiments.local_grid import LocalGrid
+from pflower.testbed.local_grid import LocalGrid
 
 
 def counting_app() -> ClientApp:
@@ -53,7 +53,7 @@ def test_threaded_clients_draw_what_they_draw_alone():
     (``LocalGrid(workers=2)``) must give exactly the run with one thread."""
     import numpy as np
 
-    from pflower.experiments.local_grid import run_local
+    from pflower.testbed.local_grid import run_local
 
     run = {
         "algorithm": "ffgg",

@@ -116,7 +116,7 @@ def test_the_core_install_runs_a_federation_on_node_data(tmp_path):
         # what `pip install pflower` (no extras) lacks: importing it fails, find_spec is None
         for name in ("datasets", "flwr_datasets", "pyarrow", "pandas"):
             sys.modules[name] = None
-        from pflower.experiments.local_grid import run_local
+        from pflower.testbed.local_grid import run_local
 
         run = {{**{NODE!r}, "algorithm": "fedalt", "pretrain-rounds": 0,
                "num-server-rounds": 3, "evaluate-every": 3, "fraction-train": 1.0,

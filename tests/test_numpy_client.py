@@ -11,10 +11,10 @@ from helpers import OUTPUTS_DIR
 
 from pflower.config import Config
 from pflower.context_store import META
-from pflower.experiments.local_grid import run_local
 from pflower.numpy_client import SUPPORTED, PersonalizedNumPyClient, numpy_client_app
 from pflower.strategies import build_run_model, wire_split
 from pflower.task.data import load_client_data
+from pflower.testbed.local_grid import run_local
 
 RUN = {
     "dataset": "digits",

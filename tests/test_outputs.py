@@ -13,10 +13,10 @@ import pytest
 
 from pflower import report
 from pflower.config import Config
-from pflower.experiments.client_app import experiment_client_app
-from pflower.experiments.local_grid import LocalGrid
 from pflower.report import plots, results
 from pflower.server_app import run
+from pflower.testbed.client_app import experiment_client_app
+from pflower.testbed.local_grid import LocalGrid
 
 RUN = {
     "algorithm": "fedalt",

@@ -99,7 +99,7 @@ def test_every_run_records_what_produced_it(tmp_path):
     import torch
 
     import pflower
-    from pflower.experiments.local_grid import run_local
+    from pflower.testbed.local_grid import run_local
 
     run = {"dataset": "digits", "partitioner": "iid", "num-server-rounds": 1}
     report = run_local({**run, "outputs-dir": str(tmp_path)}, 2)

@@ -22,11 +22,11 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
 import pflower.strategies as strategies
-from pflower.experiments.local_grid import LocalGrid
 from pflower.numpy_client import PersonalizedNumPyClient
 from pflower.personal_client import PersonalizedClient, personalized_client_app, shared_arrays
 from pflower.strategies import nodes
 from pflower.task.split import make_split
+from pflower.testbed.local_grid import LocalGrid
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quickstart"
 sys.path.insert(0, str(EXAMPLE))
@@ -63,7 +63,7 @@ def one_thread():
 
 def client_name(cls) -> str:
     """The client half a hand-built strategy serves first (its handshake's names)."""
-    return cls.algorithm.split("|")[0]
+    return cls.serves[0]
 
 
 def quickstart_client_fn(context: Context) -> PersonalizedClient:

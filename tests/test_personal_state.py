@@ -16,9 +16,9 @@ from helpers import BASE, job_for, node_context
 from pflower.client_app import build_client_app
 from pflower.config import Config, ConfigError
 from pflower.context_store import ContextStore, Scope, ScopedStore, open_store, stored_entries
-from pflower.experiments.local_grid import run_local
 from pflower.task.split import get_tensors
 from pflower.task.state import DirectoryStore
+from pflower.testbed.local_grid import run_local
 from pflower.wire import RUN_TAG
 
 SCOPE = Scope("exp", "fedalt", "mlp", "digits", "0/4", "abc")

@@ -12,10 +12,10 @@ from torch.nn import functional as F
 
 from pflower.client_app import build_client_app, load_client_data
 from pflower.config import Config
-from pflower.experiments.local_grid import LocalGrid
 from pflower.strategies import PFLEGOClient, build_run_model, make_strategy, wire_split
 from pflower.strategies.pflego import head_descent, head_module
 from pflower.task.split import get_tensors, make_split
+from pflower.testbed.local_grid import LocalGrid
 
 PFLEGO = {"algorithm": "pflego", "model": "pflego-mlp", "local-steps": 4, "personal-lr": 0.3}
 
@@ -168,7 +168,7 @@ def test_server_learns_every_clients_size_for_global_alpha():
         grid=grid, initial_arrays=ArrayRecord(get_tensors(model, split.shared)), num_rounds=1
     )
     sizes = sorted(len(load_client_data(cfg, pid, 4)[0].dataset) for pid in range(4))
-    assert sorted(strategy.num_train_of.values()) == sizes
+    assert sorted(strategy.nodes.num_train_of.values()) == sizes
 
 
 def test_local_labels_head_is_the_k_i_class_head():
@@ -233,7 +233,7 @@ def test_a_frozen_body_keeps_its_random_init_while_the_heads_learn(tmp_path):
     """``pflego-freeze-body``: the random-features baseline. The server returns theta as it
     was (the run's initial body, built here from the seed as the ServerApp builds it), while
     the same heads take their steps on it and fit the clients' data."""
-    from pflower.experiments.local_grid import run_local
+    from pflower.testbed.local_grid import run_local
 
     overrides = {
         **job_for_config(),

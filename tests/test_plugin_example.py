@@ -7,7 +7,7 @@ from pathlib import Path
 
 from flwr.app import Context, RecordDict
 
-from pflower.experiments.local_grid import LocalGrid
+from pflower.testbed.local_grid import LocalGrid
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plug-in"
 

@@ -15,10 +15,10 @@ import pytest
 from flwr.serverapp.exception import PrivacyBudgetExhausted
 
 from pflower.config import Config
-from pflower.experiments.local_grid import run_local
 from pflower.settings import ConfigError
 from pflower.strategies import privacy
 from pflower.strategies.privacy import DPSettings, Mechanism
+from pflower.testbed.local_grid import run_local
 
 BASE = {
     "dataset": "digits",
@@ -444,7 +444,7 @@ def test_the_server_accounts_each_round_with_the_nodes_it_sampled_from(task_iden
     for server_round, nodes in ((1, range(100)), (2, range(50)), (3, range(200))):
         msgs = list(strategy.configure_train(server_round, arrays, ConfigRecord(), FakeGrid(nodes)))
         strategy.aggregate_train(server_round, [])  # nobody answered: released all the same
-        assert strategy.sampled_from == len(nodes) and len(msgs) == len(nodes) // 10
+        assert strategy.nodes.sampled_from == len(nodes) and len(msgs) == len(nodes) // 10
     assert strategy.privacy.ledger == {(0.1, 10, 100): 1, (0.1, 5, 50): 1, (0.1, 20, 200): 1}
 
 

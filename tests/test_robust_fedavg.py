@@ -8,9 +8,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
-from pflower.experiments.local_grid import LocalGrid
 from pflower.strategies.aggregators import Mean, make_aggregator
 from pflower.strategies.robust_fedavg import RobustFedAvg
+from pflower.testbed.local_grid import LocalGrid
 
 TARGETS = np.linspace(-1.0, 1.0, 8)  # honest client i pulls w towards TARGETS[i]
 

@@ -22,13 +22,13 @@ from pflower.client_app import build_client_app
 from pflower.config import Config
 from pflower.experiment import load
 from pflower.experiment.running import finished
-from pflower.experiments.local_grid import LocalGrid
 from pflower.server_app import run
 from pflower.settings import ConfigError
 from pflower.strategies import FedAvg, build_run_model
 from pflower.strategies.client import answer_query
-from pflower.strategies.nodes import NodeSampling, SecretRandom, sample_stream
+from pflower.strategies.nodes import NodeSampler, SecretRandom, sample_stream
 from pflower.task.fingerprint import data_kind, model_fingerprint
+from pflower.testbed.local_grid import LocalGrid
 
 N, K, ROUNDS = 10, 5, 20  # nodes, sampled per round (fraction 0.5), rounds of a run
 
@@ -43,14 +43,11 @@ class FakeGrid:
         return list(self.nodes)
 
 
-class Sampler(NodeSampling):
-    """``NodeSampling`` alone, as ``PersonalizedStrategy`` sets it up."""
-
-    def __init__(self, sample_seed: int, partition_of: dict[int, int] | None = None):
-        self.min_available_nodes, self.holdout_fraction = 1, 0.0
-        self.partition_of, self.num_train_of, self.query_num_train = {}, {}, False
-        self.partition_of.update(partition_of or {})
-        self.init_sampling(sample_seed)
+def Sampler(sample_seed: int, partition_of: dict[int, int] | None = None) -> NodeSampler:  # noqa: N802
+    """The component alone, as ``PersonalizedStrategy`` builds it, with the partitions known."""
+    sampler = NodeSampler(sample_seed)
+    sampler.partition_of.update(partition_of or {})
+    return sampler
 
 
 # --- a secret sample: a partition-id liar or a pair of colluders gain nothing ---------------
@@ -349,19 +346,19 @@ def test_a_duplicate_partition_id_refuses_both_nodes_at_start_and_later():
     late = list(grid.contexts)[5]  # index 5 (LocalGrid: in index order), partition 1
     grid.hidden = {late}  # connects later
     strategy = FedAvg(fraction_train=1.0)
-    strategy.learn_partitions(grid, timeout=10)
+    strategy.nodes.learn_partitions(grid, timeout=10)
     pid = {n: int(c.node_config["partition-id"]) for n, c in grid.contexts.items()}
     holder = next(n for n in grid.contexts if pid[n] == 1 and n != late)
     twins = {n for n in grid.contexts if pid[n] == 3}
-    assert set(strategy.refused) == twins
-    assert {pid[n] for n in strategy.sample(grid, 1.0, train=True)} == {0, 1, 2}
+    assert set(strategy.nodes.refused) == twins
+    assert {pid[n] for n in strategy.nodes.sample(grid, 1.0, train=True)} == {0, 1, 2}
     grid.hidden = set()  # the late node connects
-    assert {pid[n] for n in strategy.sample(grid, 1.0, train=True)} == {0, 2}
-    assert set(strategy.refused) == twins | {late, holder}
+    assert {pid[n] for n in strategy.nodes.sample(grid, 1.0, train=True)} == {0, 2}
+    assert set(strategy.nodes.refused) == twins | {late, holder}
     grid.hidden = {holder}  # the holder leaves: the newcomer's claim is now unique
-    sampled = strategy.sample(grid, 1.0, train=True)
+    sampled = strategy.nodes.sample(grid, 1.0, train=True)
     assert late in sampled and {pid[n] for n in sampled} == {0, 1, 2}
-    assert {r["node"] for r in strategy.refusals} == twins | {late, holder}
+    assert {r["node"] for r in strategy.nodes.refusals} == twins | {late, holder}
 
 
 def test_a_strategy_built_by_hand_compares_the_nodes_with_each_other_or_its_own_model():
@@ -374,12 +371,12 @@ def test_a_strategy_built_by_hand_compares_the_nodes_with_each_other_or_its_own_
     grid = LocalGrid(answering(overrides, {2: tanh}), 5)
     pid = {n: int(c.node_config["partition-id"]) for n, c in grid.contexts.items()}
     plain = FedAvg()
-    plain.learn_partitions(grid, timeout=10)
-    assert {pid[n] for n in plain.refused} == {2}
-    assert "(most nodes': " in plain.refused[next(iter(plain.refused))]
+    plain.nodes.learn_partitions(grid, timeout=10)
+    assert {pid[n] for n in plain.nodes.refused} == {2}
+    assert "(most nodes': " in plain.nodes.refused[next(iter(plain.nodes.refused))]
     theirs = FedAvg(model_fingerprint=model_fingerprint(tanh))
-    theirs.learn_partitions(grid, timeout=10)
-    assert {pid[n] for n in theirs.refused} == {0, 1, 3, 4}
+    theirs.nodes.learn_partitions(grid, timeout=10)
+    assert {pid[n] for n in theirs.nodes.refused} == {0, 1, 3, 4}
     nobody = FedAvg(model_fingerprint="0" * 16)
     with pytest.raises(ConfigError, match="every node that answered was refused"):
         nobody.learn_partitions(grid, timeout=10)
@@ -545,11 +542,11 @@ def test_a_node_that_does_not_answer_is_asked_once_and_sampled_unchecked():
     grid = LocalGrid(build_client_app(RUN), 3, silent=[2])
     strategy = FedAvg()
     started = time.monotonic()
-    strategy.learn_partitions(grid, timeout=5)
+    strategy.nodes.learn_partitions(grid, timeout=5)
     asked = time.monotonic() - started
     silent = next(n for n in grid.contexts if n in grid.silent)
-    assert silent not in strategy.partition_of and silent not in strategy.refused
+    assert silent not in strategy.nodes.partition_of and silent not in strategy.nodes.refused
     started = time.monotonic()
     for _ in range(3):
-        assert silent in strategy.sample(grid, 1.0)  # sampled unchecked, as before
+        assert silent in strategy.nodes.sample(grid, 1.0)  # sampled unchecked, as before
     assert time.monotonic() - started < asked

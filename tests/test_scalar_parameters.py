@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from pflower.client_app import build_client_app
-from pflower.experiments.local_grid import run_local
 from pflower.strategies import ALGORITHMS
 from pflower.strategies.fedalt import HEAD_ALIASES
+from pflower.testbed.local_grid import run_local
 
 
 class ScaledClassifier(nn.Module):

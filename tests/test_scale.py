@@ -11,11 +11,11 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from helpers import OUTPUTS_DIR
 
 from pflower.client_app import build_client_app, parse_config
-from pflower.experiments.local_grid import LocalGrid, run_local
 from pflower.server_app import run
 from pflower.strategies import FedAvg
-from pflower.strategies.nodes import Window
+from pflower.strategies.exchange import Window
 from pflower.task import data
+from pflower.testbed.local_grid import LocalGrid, run_local
 from pflower.wire import CONFIG, QUERY
 
 

@@ -14,8 +14,8 @@ from flwr.simulation import run_simulation
 from helpers import corrupting_app
 
 from pflower.client_app import build_client_app
-from pflower.experiments.local_grid import run_local
 from pflower.server_app import build_server_app
+from pflower.testbed.local_grid import run_local
 
 BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
 

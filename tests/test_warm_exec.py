@@ -59,7 +59,7 @@ def test_a_fork_of_the_warm_zygote_imports_nothing(tmp_path):
     task runs in a new fork, so a module imported lazily there is imported again for every
     message (torch's optimizers import torch._dynamo on first use: 2.8 s a message)."""
     from pflower.client_app import build_client_app
-    from pflower.experiments.local_grid import run_local
+    from pflower.testbed.local_grid import run_local
 
     runs = []
     for algorithm in ("fedavg", "local", "fedalt", "fedsim", "apfl", "pflego", "ffgg"):
@@ -97,7 +97,7 @@ def test_a_fork_of_the_warm_zygote_imports_nothing(tmp_path):
 @pytest.mark.drill
 def test_a_warm_federation_runs_and_equals_local_grid(tmp_path):
     from pflower.deploy import Federation
-    from pflower.experiments.local_grid import run_local
+    from pflower.testbed.local_grid import run_local
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

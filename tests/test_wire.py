@@ -238,12 +238,12 @@ def test_sampling_follows_partition_ids_not_node_ids():
 def test_held_out_clients_never_train_but_are_evaluated():
     strategy = FedAvg(fraction_train=1.0, holdout_fraction=0.25, seed=0)
     grid = FakeGrid(range(100, 108))
-    strategy.partition_of = {100 + i: 7 - i for i in range(8)}  # node 100 is partition 7
+    strategy.nodes.partition_of = {100 + i: 7 - i for i in range(8)}  # node 100 is partition 7
     for _ in range(3):
-        trained = strategy.sample(grid, 1.0, train=True)
-        assert sorted(strategy.partition_of[n] for n in trained) == list(range(6))
-    assert len(strategy.sample(grid, 1.0, everyone=True)) == 8
-    assert len(strategy.sample(grid, 1.0)) == 8  # evaluation samples every client
+        trained = strategy.nodes.sample(grid, 1.0, train=True)
+        assert sorted(strategy.nodes.partition_of[n] for n in trained) == list(range(6))
+    assert len(strategy.nodes.sample(grid, 1.0, everyone=True)) == 8
+    assert len(strategy.nodes.sample(grid, 1.0)) == 8  # evaluation samples every client
 
 
 @pytest.mark.parametrize(

@@ -184,7 +184,7 @@ def _attacks(table: Mapping, engine: str) -> dict[str, dict]:
             raise ExperimentError(f"{where} key 'fraction' = {fraction}: must be in [0, 1)")
         if not isinstance(node_config, dict):
             raise ExperimentError(f"{where} key 'node-config': must be a table")
-        from pflower.experiments.attacks import attack_of
+        from pflower.testbed.attacks import attack_of
 
         try:
             attack_of(node_config)

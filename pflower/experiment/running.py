@@ -114,7 +114,7 @@ def run_one(job: Mapping) -> dict:
         if job["engine"] == "simulation":
             _simulate(job, directory)
         else:
-            from pflower.experiments.local_grid import run_local
+            from pflower.testbed.local_grid import run_local
 
             attack = job.get("attack") or {"byzantine-nodes": 0}
             byzantine = {i: attack["node-config"] for i in range(attack["byzantine-nodes"])}
@@ -171,12 +171,12 @@ def _simulate(job: Mapping, directory: Path) -> None:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     from flwr.simulation import run_simulation
 
-    from pflower.experiments.client_app import experiment_client_app
-    from pflower.server_app import build_server_app
+    from pflower.testbed.client_app import experiment_client_app
+    from pflower.testbed.server_app import experiment_server_app
 
     reports: list = []
     run_simulation(
-        server_app=build_server_app(job["config"], on_report=reports.append, out=directory),
+        server_app=experiment_server_app(job["config"], on_report=reports.append, out=directory),
         client_app=experiment_client_app(job["config"]),
         num_supernodes=job["nodes"],
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},

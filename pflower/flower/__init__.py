@@ -42,7 +42,7 @@ adapter                   touches (Flower 1.41)                          when it
 The deployment kit (``pflower.deploy``) reaches Flower through ``cli``, ``superexec``,
 ``texts`` and ``waits``, and drives Flower's processes and ``flwr`` CLI by their public
 commands; the in-process ``LocalGrid`` of the tests and benchmarks
-(``pflower.experiments.local_grid``) has touches of its own. ``docs/flower-boundary.md``
+(``pflower.testbed.local_grid``) has touches of its own. ``docs/flower-boundary.md``
 lists every touch; ``tests/test_flower_boundary.py`` takes each internal away and checks the
 fallback.
 """

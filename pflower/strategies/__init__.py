@@ -9,6 +9,7 @@ this module only collects them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from torch import nn
@@ -24,6 +25,7 @@ from pflower.strategies import scaffold as _scaffold
 from pflower.strategies.apfl import APFL, APFLClient
 from pflower.strategies.async_ffgg import AsyncFFGG
 from pflower.strategies.client import ClientHalf, ClientJob, measured
+from pflower.strategies.combine import adaptive_clipping, robust_aggregator
 from pflower.strategies.fedalt import (
     FedAlt,
     FedAltClient,
@@ -47,12 +49,14 @@ from pflower.strategies.ffgg import (
 )
 from pflower.strategies.l2gd import L2GD, L2GDClient
 from pflower.strategies.pflego import PFLEGO, PFLEGOClient
+from pflower.strategies.privacy import DPSettings
 from pflower.strategies.registry import Algorithm
 from pflower.strategies.scaffold import Scaffold, ScaffoldClient
-from pflower.strategies.server import PersonalizedStrategy, strategy_kwargs
+from pflower.strategies.server import PersonalizedStrategy
+from pflower.strategies.server_opt import ServerOptimizer
 from pflower.task.run_model import build_run_model, split_by_rule
 from pflower.task.split import Split
-from pflower.wire import ClientUpdate
+from pflower.wire import ClientUpdate, settings_fingerprint
 
 if TYPE_CHECKING:
     from pflower.settings import RunSettings
@@ -73,6 +77,39 @@ def get_algorithm(name: str) -> Algorithm:
         raise ValueError(
             f"key 'algorithm' = {name!r}: must be one of {sorted(ALGORITHMS)}"
         ) from None
+
+
+def strategy_kwargs(cfg: RunSettings, shared_names: Sequence[str] | None = None) -> dict:
+    """The base-strategy settings of a run config (``PersonalizedStrategy``'s parameters)."""
+    return {
+        "fraction_train": cfg.fraction_train,
+        "fraction_evaluate": cfg.fraction_evaluate,
+        "evaluate_every": cfg.evaluate_every,
+        "final_evaluate_fraction": cfg.final_evaluate_fraction,
+        "max_in_flight": cfg.max_in_flight,
+        "pull_interval": cfg.pull_interval,
+        "lr": cfg.lr,
+        "lr_schedule": cfg.lr_schedule,
+        "lr_warmup_fraction": cfg.lr_warmup_fraction,
+        "lr_halve_every": cfg.lr_halve_every,
+        "server_optimizer": ServerOptimizer.of(cfg),
+        "pretrain_rounds": cfg.pretrain_rounds,
+        "pretrain_lr": cfg.effective_pretrain_lr,
+        "shared_names": shared_names,
+        "seed": cfg.seed,
+        "sample_seed": cfg.sample_seed,
+        "holdout_fraction": cfg.holdout_fraction,
+        "robust": robust_aggregator(cfg) or False,  # False: the run config names none
+        "clipping": adaptive_clipping(cfg) or False,
+        "byzantine": cfg.robust_byzantine,
+        "max_update_norm": cfg.max_update_norm,
+        "update_norm_growth": cfg.update_norm_growth,
+        "max_num_examples": cfg.max_num_examples,
+        "max_failed_rounds": cfg.max_failed_rounds,
+        "algorithm": cfg.algorithm,
+        "settings_fingerprint": settings_fingerprint(cfg),
+        "privacy": DPSettings.of(cfg),
+    }
 
 
 def make_strategy(cfg: RunSettings, shared_names=None) -> PersonalizedStrategy:
@@ -126,6 +163,7 @@ __all__ = [
     "ScaffoldClient",
     "get_algorithm",
     "make_strategy",
+    "strategy_kwargs",
     "measured",
     "personal_split",
     "wire_split",

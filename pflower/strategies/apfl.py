@@ -194,7 +194,7 @@ class APFL(PersonalizedStrategy):
     """
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
-    algorithm = "apfl"
+    serves = ("apfl",)
 
     def __init__(
         self, *, weighted: bool = SETTINGS.apfl_weighting == "num-examples", **kwargs

@@ -80,15 +80,16 @@ from pydantic import Field
 
 from pflower.flower import grids
 from pflower.settings import ConfigError, Settings
-from pflower.strategies.checks import (
+from pflower.strategies.bound import (
     PROVISIONAL_CLIP,
     RecentNormClip,
     provisional_scale,
     update_norm,
 )
+from pflower.strategies.exchange import index_dispatch
 from pflower.strategies.ffgg import FFGG, FFGGClient, FFGGSettings
-from pflower.strategies.nodes import index_dispatch
 from pflower.strategies.registry import Algorithm
+from pflower.strategies.rounds import Round
 
 if TYPE_CHECKING:
     from pflower.settings import RunSettings
@@ -277,7 +278,7 @@ class AsyncFFGG(FFGG):
     """
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
-    algorithm = "async-ffgg|ffgg|br-ffgg"
+    serves = ("async-ffgg", "ffgg", "br-ffgg")
     defaults = ASYNC_FFGG_DEFAULTS
     defence = {}  # its own: the fair share and the recent-norm clip, not FFGG's rule
 
@@ -315,6 +316,11 @@ class AsyncFFGG(FFGG):
             raise ValueError("AsyncFFGG has no pre-training phase: set pretrain_rounds = 0")
         if self.robust is not None:
             raise ValueError("AsyncFFGG applies single updates: a robust rule needs a round")
+        if self.privacy is not None:
+            raise ValueError(
+                "AsyncFFGG applies single updates as they arrive, which the DP accountant's "
+                "sampled rounds do not describe: privacy must be None"
+            )
         self.concurrency = concurrency
         self.max_updates = max_updates
         self.max_staleness = max_staleness
@@ -360,9 +366,9 @@ class AsyncFFGG(FFGG):
         self.counts.update({"clipped": 0, "fair-share-held": 0, "fair-share-waived": 0})
         if grids.engine_of(grid) == grids.SIMULATION:
             index_dispatch()
-        self.learn_partitions(grid, timeout=timeout or 3600.0)
-        nodes = self._ordered(grid.get_node_ids())
-        held = self.held_out(nodes)
+        self.nodes.learn_partitions(grid, timeout=timeout or 3600.0)
+        nodes = self.nodes.ordered(grid.get_node_ids())
+        held = self.nodes.held_out(nodes)
         nodes = [n for n in nodes if n not in held]
         slots = self.concurrency or max(1, round(self.fraction_train * len(nodes)))
         if slots > len(nodes):
@@ -370,9 +376,10 @@ class AsyncFFGG(FFGG):
         total = self.max_updates or num_rounds * slots
         every = self.evaluate_every_updates or self.evaluate_every * slots
         self.num_rounds = total  # the "round" of messages, logs and evaluation = theta's version
-        self.check_robust(slots)
+        self.pipeline.combine.check_sample(slots)
         self._slots = slots
-        self.failed_rounds, self.value_drops, self._failing = 0, {}, set()
+        self.pipeline.settle.restart()
+        self._failing = set()
         self.fair = FairShare(self.max_share)
         self.clip = RecentNormClip(self.clip_factor)
         self._first_scale = None
@@ -435,9 +442,12 @@ class AsyncFFGG(FFGG):
                 self.counts["replies"] += 1
                 if version >= total:  # the budget was spent by an earlier reply of this pull
                     self.counts["dropped"] += 1
-                    self._drop(version, node, "arrived after the last update")
+                    Round(version, dropped=self._log(version).dropped).drop(
+                        node, "arrived after the last update"
+                    )
                     continue
-                if not self._apply(version + 1, reply, version - sent_version):
+                sent = {reply.metadata.reply_to_message_id: node}
+                if not self._apply(version + 1, reply, sent, version - sent_version):
                     down.add(node)
                     continue
                 down.discard(node)
@@ -466,44 +476,44 @@ class AsyncFFGG(FFGG):
             if busy:
                 return None
             self.counts["fair-share-waived"] += 1
-            eligible = [max(self._ordered(idle), key=self.fair.credit_of)]
+            eligible = [max(self.nodes.ordered(idle), key=self.fair.credit_of)]
         elif len(eligible) < len(idle):  # a draw that passed over a node out of credit
             self.counts["fair-share-held"] += 1
-        return self.rng.sample(self._ordered(eligible), 1)[0]
+        return self.nodes.rng.sample(self.nodes.ordered(eligible), 1)[0]
 
     def should_evaluate(self, server_round: int) -> bool:
         return True  # the loop decides when (every ``evaluate_every_updates`` updates)
 
-    def _apply(self, new_version: int, reply, staleness: int) -> bool:
-        """Check the reply and apply it: theta <- theta - gamma / (1 + s)^a * c * Delta, c
-        the clip's factor (``RecentNormClip``: 1 when the norm is within it). The update-norm
+    def _apply(self, new_version: int, reply, sent: dict[str, int], staleness: int) -> bool:
+        """Run the reply (to the message ``sent``) through the reply pipeline's admit and
+        bound stages and apply it: theta <- theta - gamma / (1 + s)^a * c * Delta, c the
+        clip's factor (``RecentNormClip``: 1 when the norm is within it). The update-norm
         and claim bounds hold for each reply (a 1-reply round: checked against the
-        reference, which it does not move); ``max_failed_rounds`` rounds of C distinct
-        nodes failing in a row stop the run (``count_failure``)."""
-        current = {k: a.numpy() for k, a in self._current.items()}
-        node = self.sender(reply)
-        self._asked = {node}
-        updates = self.check_train_replies(new_version, [reply])
-        updates = self.bound_updates(new_version, current, updates) if updates else updates
+        reference, which it does not move); ``max_failed_rounds`` rounds of C distinct nodes
+        failing in a row stop the run (``count_failure``)."""
+        rnd = self.open_round(new_version, sent)
+        (node,) = sent.values()
+        updates = self.pipeline.updates(rnd, [reply])
         if updates and 0 <= self.max_staleness < staleness:
-            self._drop(new_version, node, f"stale: s = {staleness}")
+            rnd.drop(node, f"stale: s = {staleness}")
             updates = []
-        self.track_value_drops()
+        self.pipeline.settle.track(rnd.asked, rnd.value_drops)
         if not updates:
             self.counts["dropped"] += 1
             self.count_failure(new_version, node)
             return False
         self._failing.clear()
-        self.count_round(new_version, applied=1)
+        self.pipeline.settle.count(new_version, 1, rnd.dropped)
         update = updates[0]
         norm = update.norm
         if norm is None:  # the update-norm bound is off: the value check computed none
             norm = update_norm({}, update.tensors, False)
-        limit = self.clip.threshold(node, norm, self._provisional_clip(new_version, current))
+        limit = self.clip.threshold(node, norm, self._provisional_clip(rnd))
         clip = min(1.0, limit / norm) if norm > 0 else 1.0
         self.clip.record(node, norm)
         scale = (1.0 + staleness) ** -self.staleness_power * clip
         gradient = {k: scale * v for k, v in update.tensors.items()}
+        current = dict(rnd.current)
         new = self.server_optimizer.step(current, gradient)
         self._current = ArrayRecord({k: Array(new[k].astype(current[k].dtype)) for k in current})
         self.counts["applied"] += 1
@@ -516,10 +526,10 @@ class AsyncFFGG(FFGG):
         }
         return True
 
-    def _provisional_clip(self, version: int, current: dict) -> float:
+    def _provisional_clip(self, rnd: Round) -> float:
         """``PROVISIONAL_CLIP`` x min(S_t, S_1), S the update-norm bound's scale: what the
         clip is while no other node's norm is known."""
-        scale = provisional_scale(current, self.step_factor(version))
+        scale = provisional_scale(rnd.current, rnd.step_factor)
         if self._first_scale is None:
             self._first_scale = scale
         return PROVISIONAL_CLIP * min(scale, self._first_scale)
@@ -527,12 +537,12 @@ class AsyncFFGG(FFGG):
     def count_failure(self, version: int, node: int) -> None:
         """A message of ``node`` was dropped or timed out. C (``concurrency``) *distinct*
         nodes failing with no update applied in between count as one round that applied
-        nothing (``count_round``): a fast client whose every reply is dropped fails alone,
+        nothing (``settle.Settle.count``): a fast client whose every reply is dropped fails alone,
         and cannot end the run while others' updates are applied."""
         self._failing.add(node)
         if len(self._failing) >= self._slots:
             self._failing.clear()
-            self.count_round(version, applied=0)
+            self.pipeline.settle.count(version, 0, self._log(version).dropped)
 
     def _evaluate(self, grid, version, evaluate_config, evaluate_fn) -> None:
         """The usual protocol on the current theta; every client when ``version`` is

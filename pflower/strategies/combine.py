@@ -1,6 +1,19 @@
-"""Combining the clients' update vectors: the (weighted) mean in float64, or the run
-config's robust rule (``aggregators``), read straight from the replies: never all N updates
-at once in float64, never a second copy of the replies for a coordinate-wise rule."""
+"""The reply pipeline's combine stage: the clients' update vectors combined into one step, by
+one of four modes, each a class with one implementation (``Combine``):
+
+- ``Mean``: the algorithm's (weighted) mean, in float64;
+- ``ClippedMean``: the default defence, the mean of the updates clipped into a ball around a
+  robust centre (``AdaptiveClipping``), rounds of 1 or 2 replies clipped by the small-round
+  clip (its state, ``rho``, is the clip's own output of the last larger round);
+- ``RobustRule``: a robust rule (``aggregators``) with its f, unweighted, the small-round clip
+  in its place where it would combine fewer than ``MIN_RULE_INPUTS`` values;
+- ``CentralDP``: the clipped, noised mean over the sampled clients (``privacy.Mechanism``).
+
+Which mode a run takes is decided once, by the pipeline's builder (``pipeline.build``). Every
+mode reads the replies in place: never all N updates at once in float64, never a second copy
+of the replies for a coordinate-wise rule. An algorithm asks the mode what it preserves
+(``weighted``, ``exact_mean``, ``single_release``) where its own formula depends on it.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +24,8 @@ import numpy as np
 
 from pflower.strategies import aggregators
 from pflower.strategies.aggregators import Aggregator, Span
-from pflower.strategies.checks import RecentNormClip
+from pflower.strategies.bound import RecentNormClip
+from pflower.strategies.privacy import noise_rng
 
 if TYPE_CHECKING:
     from pflower.settings import RunSettings
@@ -81,8 +95,8 @@ def weighted_mean_of_updates(
 
     Computed as ``c - sum_i w_i a_i`` (the weights sum to 1): the same value as
     ``sum_i w_i (c - a_i)`` up to float64 rounding (~1e-16 relative), with the difference
-    taken once per layer, not once per reply (issue 29: two passes over a reply's values
-    instead of three)."""
+    taken once per layer, not once per reply (two passes over a reply's values instead of
+    three)."""
     out = weighted_mean(arrays, weights)
     for k, c in current.items():
         np.subtract(c.astype(np.float64), out[k], out=out[k])
@@ -98,7 +112,7 @@ def _accumulate(acc: np.ndarray, term: np.ndarray, value: np.ndarray, weight: fl
     """``acc += weight * float64(value)``, in place through the float64 buffer ``term``: the
     same float64 products and sums, in the same order, as ``sum(w_i * a_i)``, without a fresh
     array per reply and layer, whose pages the kernel hands out anew each time (~1 ms for a
-    1.2 MB layer on a virtual machine: issue 29's per-reply server cost). The product is
+    1.2 MB layer on a virtual machine, most of a reply's server cost). The product is
     taken in float64 (``dtype``): a float32 reply times a Python float would otherwise be
     multiplied in float32."""
     np.multiply(value, weight, out=term, dtype=np.float64)
@@ -196,19 +210,18 @@ class AdaptiveClipping:
     replies applied (``||v|| + tau``).
 
     **Before such a round** (a federation of 3 or more nodes that samples 1 or 2 a round) the
-    majority is sought across rounds, one vote per node: each reply is clipped to ``growth``
-    x the lower median of the latest update norm of each of the last ``CLIP_POOL`` distinct
-    nodes that replied (its own norm as its node's entry; ``checks.RecentNormClip``, the clip
-    of asynchronous FFGG), and while no other node's norm is known nothing is applied (norm
-    0: the first reply cannot be told from a Byzantine one; asynchronous FFGG's provisional
-    0.05 x ||theta||, turned around, took a 10-node digits run from 60% to 6%). While at most
-    half of those nodes are Byzantine the bound is at most ``growth`` x an honest node's
-    norm, however often the Byzantine ones are sampled. Without it a Byzantine reply in such
-    a federation was accepted at about ``||theta||`` (the update-norm bound's scale before a
-    round of 2 seeds it), which wrecked theta and stopped the run (``RunFailed``, issue 45:
-    one Byzantine client in ten, one reply a round). A federation of 1 or 2 nodes has no
-    majority at all: nothing is clipped there before rho (the update-norm bound still drops
-    what is beyond it).
+    majority is sought across rounds, one vote per node: each reply is clipped to ``growth`` x the
+    lower median of the latest update norm of each of the last ``CLIP_POOL`` distinct nodes that
+    replied (its own norm as its node's entry; ``bound.RecentNormClip``, the clip of asynchronous
+    FFGG), and while no other node's norm is known nothing is applied (norm 0: the first reply
+    cannot be told from a Byzantine one; asynchronous FFGG's provisional 0.05 x ||theta||, turned
+    around, took a 10-node digits run from 60% to 6%). While at most half of those nodes are
+    Byzantine the bound is at most ``growth`` x an honest node's norm, however often the Byzantine
+    ones are sampled. Without it a Byzantine reply in such a federation was accepted at about
+    ``||theta||`` (the update-norm bound's scale before a round of 2 seeds it), which wrecked theta
+    and stopped the run (``RunFailed``; one Byzantine client in ten, one reply a round:
+    docs/threat-model.md). A federation of 1 or 2 nodes has no majority at all: nothing is clipped
+    there before rho (the update-norm bound still drops what is beyond it).
 
     State: ``rho`` and the recent-norm clip per kind of update (``kind``: the
     pre-training updates, the algorithm's, each further record), checkpointed with the
@@ -282,7 +295,7 @@ class AdaptiveClipping:
         population: int,
     ) -> np.ndarray | None:
         """Each reply's clip in a round of 1 or 2: ``growth x rho``; before any round of 3,
-        the recent-norm clip (``checks.RecentNormClip``, factor ``growth``; 0 while no other
+        the recent-norm clip (``bound.RecentNormClip``, factor ``growth``; 0 while no other
         node's norm is known); None (nothing clipped) in a federation of fewer than 3 nodes."""
         rho = self.rho.get(kind)
         if rho is not None:
@@ -349,6 +362,180 @@ def linear_update(
 
 
 def lower_median_of(values: np.ndarray) -> float:
-    """The ceil(N/2)-th smallest value (``checks.lower_median``, for an array)."""
+    """The ceil(N/2)-th smallest value (``bound.lower_median``, for an array)."""
     ordered = np.sort(np.asarray(values, dtype=np.float64))
     return float(ordered[(len(ordered) + 1) // 2 - 1])
+
+
+# --- the modes ------------------------------------------------------------------------------
+class RoundSkipped(Exception):
+    """This round's replies cannot be combined (too few for the robust rule's breakdown
+    point and ``byzantine``): the round leaves the shared parameters unchanged."""
+
+
+class Combine:
+    """The combine stage's protocol: ``combine(rnd, vectors, weights, center, kind)`` is the
+    combined update of ``vectors`` (``center - vectors[i]`` with ``center``: returned weights)
+    under ``weights``, in float64.
+
+    What a mode preserves, for an algorithm whose own formula depends on it:
+    ``weighted`` (the algorithm's weights are honoured), ``exact_mean`` (the result is the
+    plain weighted mean: the algorithm may compute that mean its own way), ``single_release``
+    (every call is a release of its own: records combined together must be one call).
+
+    Parameters
+    ----------
+    byzantine : int (default: 0)
+        f, the Byzantine replies per round the mode must tolerate (only a robust rule can).
+    """
+
+    name = "mean"
+    weighted = True
+    exact_mean = True
+    single_release = False
+    #: the default defence's clip where the mode has one (``AdaptiveClipping``)
+    clip: AdaptiveClipping | None = None
+    #: the robust rule where the mode has one
+    rule: Aggregator | None = None
+
+    def __init__(self, byzantine: int = 0) -> None:
+        if byzantine < 0:
+            raise ValueError(f"byzantine = {byzantine}: must be >= 0")
+        self.byzantine = byzantine
+
+    def check_sample(self, num_replies: int) -> None:
+        """Refuse, before training starts, a mode that cannot combine a round of
+        ``num_replies`` with ``byzantine`` of them Byzantine: only a rule tolerates any."""
+        if self.byzantine:
+            raise ValueError(
+                f"key 'robust-byzantine' = {self.byzantine}: needs a robust aggregator "
+                "('robust-aggregator'); the mean tolerates none"
+            )
+
+    def __call__(self, rnd, vectors, weights, center=None, kind=None) -> dict[str, np.ndarray]:
+        return mean(vectors, weights, center)
+
+    def describe(self) -> str:
+        return self.name
+
+    def round_metrics(self, rnd) -> dict[str, float]:
+        """The replies the mode's clip clipped in the round: ``clipped`` of the replies'
+        updates, ``clipped-<record>`` of each further record (none without a clip)."""
+        if self.clip is None:
+            return {}
+        others = {f"clipped-{k}": n for k, n in sorted(rnd.clipped.items()) if k != rnd.kind}
+        return {"clipped": rnd.clipped.get(rnd.kind, 0), **others}
+
+
+def mean(vectors, weights, center=None) -> dict[str, np.ndarray]:
+    """The weighted mean of the update vectors (of ``center - vectors[i]``)."""
+    if center is not None:
+        return weighted_mean_of_updates(center, vectors, weights)
+    return weighted_mean(vectors, weights)
+
+
+class Mean(Combine):
+    """The plain mode: the algorithm's own (weighted) mean of the updates, in float64."""
+
+
+class ClippedMean(Combine):
+    """The default defence: the algorithm's mean of the updates clipped by ``clip``
+    (``AdaptiveClipping``, its rounds of 1 or 2 replies included); the replies clipped are
+    counted by kind (``rnd.clipped``)."""
+
+    name = AdaptiveClipping.name
+    exact_mean = False
+
+    def __init__(self, clip: AdaptiveClipping, byzantine: int = 0) -> None:
+        super().__init__(byzantine)
+        self.clip = clip
+
+    def clipped_mean(self, rnd, vectors, weights, center, kind) -> dict[str, np.ndarray]:
+        kind = kind or rnd.kind
+        beta, clipped = self.clip.coefficients(
+            kind, vectors, weights, center, rnd.nodes or None, rnd.population
+        )
+        rnd.clipped[kind] = clipped
+        if beta is not None:
+            return linear_update(vectors, beta, center)
+        return mean(vectors, weights, center)
+
+    def __call__(self, rnd, vectors, weights, center=None, kind=None) -> dict[str, np.ndarray]:
+        return self.clipped_mean(rnd, vectors, weights, center, kind)
+
+
+class RobustRule(Combine):
+    """A robust rule over the updates, unweighted, with f = ``byzantine``; ``clip`` (the
+    small-round clip of ``robust-small-rounds = "clip"``, or None) takes the rounds whose rule
+    would combine fewer than ``MIN_RULE_INPUTS`` values, and keeps its state in every round.
+
+    f counts the round's faulty nodes: every node asked without a kept reply (dropped for its
+    reply, an error, or silent) is one of them, so the kept replies hold at most
+    ``f_kept = f - (asked - kept)``. The rule runs with ``f_kept``; where it cannot and
+    ``f_kept`` = 0, every kept reply is honest and their mean (the algorithm's own) serves;
+    otherwise the round is skipped (``RoundSkipped``), never run with a smaller f."""
+
+    weighted = exact_mean = False
+
+    def __init__(
+        self, rule: Aggregator, byzantine: int = 0, clip: AdaptiveClipping | None = None
+    ) -> None:
+        super().__init__(byzantine)
+        self.rule, self.clip = rule, clip
+
+    @property
+    def name(self) -> str:  # noqa: D102 - the rule's
+        return self.rule.name
+
+    def check_sample(self, num_replies: int) -> None:
+        problem = self.rule.problem(num_replies, self.byzantine)
+        if problem:
+            raise ValueError(
+                f"keys 'robust-aggregator' / 'robust-byzantine' = {self.byzantine} / "
+                f"'robust-krum-m' / 'fraction-train': {problem}; each round samples "
+                f"{num_replies} nodes"
+            )
+
+    def byzantine_kept(self, asked: int, kept: int) -> int:
+        """How many of ``kept`` replies may be Byzantine when ``asked`` nodes were asked."""
+        return max(0, self.byzantine - max(0, asked - kept))
+
+    def __call__(self, rnd, vectors, weights, center=None, kind=None) -> dict[str, np.ndarray]:
+        if self.clip is not None:
+            # every round keeps the clip's state (rho: what a round of >= 3 replies applied);
+            # a median of 1 or 2 is their mean, which one reply moves by its whole share, and
+            # with 4 replies a round the clip held where the geometric median did not
+            kind = kind or rnd.kind
+            beta, clipped = self.clip.coefficients(
+                kind, vectors, weights, center, rnd.nodes or None, rnd.population
+            )
+            if self.rule.inputs(len(vectors)) < MIN_RULE_INPUTS:
+                rnd.clipped[kind] = clipped
+                if beta is not None:
+                    return linear_update(vectors, beta, center)
+                return mean(vectors, weights, center)
+        f_kept = self.byzantine_kept(len(rnd.asked), len(vectors))
+        problem = self.rule.problem(len(vectors), f_kept)
+        if problem and f_kept == 0:
+            return mean(vectors, weights, center)
+        if problem:
+            raise RoundSkipped(problem)
+        return robust_combine(self.rule, vectors, f_kept, center)
+
+
+class CentralDP(Combine):
+    """Central DP: the clipped, noised mean over the sampled clients
+    (``privacy.Mechanism.mean``), its noise drawn from ``dp-noise-seed`` and the round.
+    Uniform over the planned sample, whatever the claims; every call is a release."""
+
+    name = "central DP"
+    weighted = exact_mean = False
+    single_release = True
+
+    def __init__(self, mechanism, byzantine: int = 0) -> None:
+        super().__init__(byzantine)
+        self.mechanism = mechanism
+
+    def __call__(self, rnd, vectors, weights, center=None, kind=None) -> dict[str, np.ndarray]:
+        rng = noise_rng(self.mechanism.dp.seed, rnd.number)
+        return self.mechanism.mean(vectors, len(rnd.asked), rng, center)

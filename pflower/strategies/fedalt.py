@@ -115,7 +115,7 @@ class FedAlt(PersonalizedStrategy):
     """
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
-    algorithm = "fedalt|fedrep"
+    serves = ("fedalt", "fedrep")
 
     def __init__(
         self, *, weighted: bool = SETTINGS.fedalt_weighting == "num-examples", **kwargs
@@ -133,7 +133,7 @@ class FedSim(FedAlt):
     """FedSim's server: identical to FedAlt's (see ``FedAlt``); the client runs LocalSim."""
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
-    algorithm = "fedsim|fedper"
+    serves = ("fedsim", "fedper")
 
 
 class _PartialClient(ClientHalf):

@@ -46,7 +46,7 @@ class FedAvg(PersonalizedStrategy):
     """
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
-    algorithm = "fedavg|fedavg-ft"
+    serves = ("fedavg", "fedavg-ft")
 
     def aggregate(
         self, server_round, current, updates: list[ClientUpdate]
@@ -58,7 +58,7 @@ class Local(PersonalizedStrategy):
     """No federation: clients train alone; the server only schedules and collects metrics."""
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
-    algorithm = "local"
+    serves = ("local",)
 
     def aggregate(self, server_round, current, updates) -> dict[str, np.ndarray]:
         return current

@@ -224,7 +224,7 @@ class FFGG(_GradientStrategy):
     """
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
-    algorithm = "ffgg|br-ffgg|async-ffgg"
+    serves = ("ffgg", "br-ffgg", "async-ffgg")
     defence = FFGG_DEFENCE
 
     def __init__(self, **kwargs) -> None:
@@ -239,7 +239,7 @@ class LocalFFGG(_GradientStrategy):
     ``PersonalizedStrategy``."""
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
-    algorithm = "local-ffgg"
+    serves = ("local-ffgg",)
 
     def __init__(self, **kwargs) -> None:
         super().__init__(reply_key=DELTA, **kwargs)
@@ -400,7 +400,7 @@ class BRFFGG(FFGG):
     """
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
-    algorithm = "br-ffgg|ffgg|async-ffgg"
+    serves = ("br-ffgg", "ffgg", "async-ffgg")
     defaults = BR_FFGG_DEFAULTS
     #: the paper's rule is its default, in every round (not FFGG's defence, which would clip
     #: the rounds too small for it: ``robust-small-rounds``)

@@ -4,7 +4,7 @@ protocol (pooled, mean, p10/p50/p90, worst, clients hurt), drops with their reas
 the bytes each round put on the wire (``WireCount``).
 
 **Pooled figures a liar cannot steer.** Every row's ``num-examples`` is its bounded weight
-(``checks.ClaimBound``); every loss and RMSE (``wire.is_loss``) is clipped at
+(``bound.ClaimBound``); every loss and RMSE (``wire.is_loss``) is clipped at
 ``LOSS_CLIP`` x the lower median of the round's values of that metric before anything is
 pooled or averaged (``clip_losses``), and the metrics were range-checked on arrival (a loss
 below 0, an accuracy outside [0, 1]: dropped; ``wire.metrics_problem``). While liars are at
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import Message
 
-from pflower.strategies.checks import lower_median
+from pflower.strategies.bound import lower_median
 from pflower.wire import ALPHA, CONFIG, LOCAL_PART, NUM_EXAMPLES, SERVER_ROUND, is_loss
 
 

@@ -115,7 +115,7 @@ class L2GD(PersonalizedStrategy):
     """
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
-    algorithm = "l2gd"
+    serves = ("l2gd",)
     defaults = L2GD_DEFAULTS
 
     #: what a checkpoint keeps besides the base strategy's (``pflower.checkpoint``): the
@@ -193,7 +193,7 @@ class L2GD(PersonalizedStrategy):
         ones = [1.0] * len(updates)
         # the mean of w_i as current minus the (private, clipped, or robust) mean of the
         # updates: a robust rule sees updates, not raw weights
-        if self.central_dp or self.clipping is not None or self.robust is not None:
+        if not self.pipeline.combine.exact_mean:
             step = self.combine([u.tensors for u in updates], ones, current)
             return {k: current[k].astype(np.float64) - step[k] for k in current}
         return weighted_mean([u.tensors for u in updates], ones)

@@ -1,14 +1,11 @@
-"""Node discovery, the start-up handshake and sampling, the part of a strategy that knows
-which clients exist: wait for the federation to settle, ask each node once for its partition
-id, its node facts (``num-partitions``, the kind of its data, its model's fingerprint) and
-(PFLEGO) its training-set size, refuse by name the nodes whose facts differ from the run's or
-that claim another node's partition id, sample uniformly **without replacement** from the
-run's sampling generator (secret unless ``sample-seed`` >= 0) over the nodes in
-partition-id order (node ids are random per run), and keep hold-out clients out of
-training. ``PersonalizedStrategy`` mixes it in (``init_sampling``); it expects
-``min_available_nodes``, ``holdout_fraction``, ``partition_of``, ``num_train_of``,
-``query_num_train`` and ``poisson_train`` (central DP's Poisson sampling: each node on its own
-coin), and notes how many nodes a training sample was drawn from (``sampled_from``)."""
+"""Which clients exist: the start-up handshake and the sample, as one component a strategy
+holds (``NodeSampler``). It waits for the federation to settle, asks each node once for its
+partition id, its node facts (``num-partitions``, the kind of its data, its model's
+fingerprint) and (PFLEGO) its training-set size, refuses by name the nodes whose facts differ
+from the run's or that claim another node's partition id, samples uniformly **without
+replacement** from the run's sampling generator (secret unless ``sample-seed`` >= 0) over
+the nodes in partition-id order (node ids are random per run), and keeps hold-out clients
+out of training."""
 
 from __future__ import annotations
 
@@ -24,9 +21,6 @@ from collections.abc import Iterable, Sequence
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from pflower.flower import fall_back
-from pflower.flower.dispatch import index_message_dispatch
-from pflower.flower.waits import cap_pull_backoff
 from pflower.settings import ConfigError
 from pflower.task.fingerprint import OWN_LOADERS
 from pflower.wire import (
@@ -45,113 +39,6 @@ from pflower.wire import (
 log = logging.getLogger("flwr.pflower")
 
 
-class RoundDeadline:
-    """A ``Grid`` whose exchanges without an explicit timeout wait as long as the work
-    needs: ``first`` seconds for the first (start-up, data loading), then ``factor`` times the
-    slowest complete exchange so far, at least ``floor`` seconds. A node that died then costs
-    a round about ten times its normal length, not an hour. Everything else is the grid's.
-
-    An exchange's length is its slowest reply's, but at most ``spread`` times its *lower
-    median* reply's (the ceil(N/2)-th to arrive, over a grid that times its replies:
-    ``Window.arrivals``), and an exchange of one message after the first lengthens nothing.
-    So a client that answers just before the deadline cannot stretch it: it made the next
-    deadline ten times as long, round after round; now, while at most floor(N/2) of an
-    exchange's replies are its, the deadline stays within ``factor x spread`` times an
-    honest reply's time (an honest straggler up to ``spread`` times the median is waited
-    for in full). Flower's engines (simulation, deployment) always run through a
-    ``Window``; pflower's in-process ``LocalGrid``, whose clients are this process's own
-    code, answers for its silent nodes at once and is timed by the exchange."""
-
-    def __init__(
-        self,
-        grid: Grid,
-        first: float = 600.0,
-        factor: float = 10.0,
-        floor: float = 120.0,
-        spread: float = 10.0,
-    ) -> None:
-        self.grid, self.first, self.factor, self.floor = grid, first, factor, floor
-        self.spread = spread
-        self.slowest: float | None = None
-
-    def __getattr__(self, name: str):
-        return getattr(self.grid, name)
-
-    @property
-    def limit(self) -> float:
-        if self.slowest is None:
-            return self.first
-        return max(self.floor, self.factor * self.slowest)
-
-    def send_and_receive(self, messages, *, timeout: float | None = None):
-        messages = list(messages)
-        if timeout is not None:
-            return self.grid.send_and_receive(messages, timeout=timeout)
-        started = time.monotonic()
-        replies = list(self.grid.send_and_receive(messages, timeout=self.limit))
-        complete = bool(messages) and len(replies) == len(messages)
-        if complete and (len(messages) > 1 or self.slowest is None):
-            arrivals = sorted(getattr(self.grid, "arrivals", None) or [])
-            if len(arrivals) != len(replies):  # a grid that does not time its replies
-                arrivals = [time.monotonic() - started]
-            median = arrivals[math.ceil(len(arrivals) / 2) - 1]
-            length = min(arrivals[-1], self.spread * median)
-            self.slowest = max(self.slowest or 0.0, length)
-        return replies
-
-
-class Window:
-    """A ``Grid`` that keeps at most ``size`` messages outstanding (``None``: no limit) and
-    pulls replies every ``pull_interval`` seconds: ``send_and_receive`` pushes the first
-    ``size``, then one more for each reply pulled, until all are answered or ``timeout`` has
-    passed (as Flower's, which pushes them all at once).
-
-    Why: Flower 1.41's simulation engine hands messages to its workers by scanning, every
-    0.1 s and for every node, every stored message (``InMemoryLinkState.get_message_ins``),
-    so each tick costs nodes x outstanding messages. With 1 000 nodes and a round of 1 000
-    messages that is a million message checks per tick; a window keeps it at nodes x
-    ``size``. The engine runs a few messages at a time anyway (one per CPU by default), so a
-    window of a few times that loses no throughput.
-
-    And why in deployment, with no limit: Flower 1.41's deployment grid (``HttpGrid``) sleeps
-    3 s between its pulls, so a round waits on average 1.5 s after the last reply is in (on
-    the loopback deployment, where the work of a round is 0.02 s, that was most of a round).
-    Everything else is the grid's."""
-
-    def __init__(self, grid: Grid, size: int | None, pull_interval: float = 0.05) -> None:
-        if size is not None and size < 1:
-            raise ValueError(f"window size {size}: must be >= 1 (None: no limit)")
-        if not pull_interval > 0:
-            raise ValueError(f"pull interval {pull_interval}: must be > 0 seconds")
-        self.grid, self.size, self.pull_interval = grid, size, pull_interval
-        self.arrivals: list[float] = []  # the last exchange's reply times (send_and_receive)
-
-    def __getattr__(self, name: str):
-        return getattr(self.grid, name)
-
-    def send_and_receive(self, messages, *, timeout: float | None = None):
-        waiting = list(reversed(list(messages)))  # pop() from the end: the original order
-        deadline = None if timeout is None else time.monotonic() + timeout
-        outstanding: set[str] = set()
-        replies: list[Message] = []
-        started = time.monotonic()
-        self.arrivals = []  # seconds from the start to each reply (RoundDeadline reads them)
-        while waiting or outstanding:
-            room = len(waiting) if self.size is None else self.size - len(outstanding)
-            if waiting and room > 0:
-                batch = [waiting.pop() for _ in range(min(room, len(waiting)))]
-                outstanding.update(i for i in self.grid.push_messages(batch) if i)
-            got = list(self.grid.pull_messages(outstanding)) if outstanding else []
-            replies.extend(got)
-            self.arrivals += [time.monotonic() - started] * len(got)
-            outstanding.difference_update(m.metadata.reply_to_message_id for m in got)
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            if not got:
-                time.sleep(self.pull_interval)
-        return replies
-
-
 def _count(value) -> int | None:
     """``value`` as a count (a finite non-negative whole number, as a query reply's metric
     carries it), or None: a NaN, Inf, negative or fractional ``partition-id`` or
@@ -161,31 +48,6 @@ def _count(value) -> int | None:
     if not math.isfinite(value) or value < 0 or value != int(value):
         return None
     return int(value)
-
-
-def shorten_pull_backoff(seconds: float) -> None:
-    """Flower's object pulls in this process (the ServerApp's) retry a reply's missing
-    objects after ``seconds``, not 1 s (``pflower.flower.waits.cap_pull_backoff``); where
-    the installed Flower has no such backoff, a warning (once) and Flower's own wait."""
-    try:
-        cap_pull_backoff(seconds)
-    except Exception as err:  # any change of Flower's: never the reason a run stops
-        fall_back("the short object-pull backoff (pull-interval)", err, "Flower's own backoff")
-
-
-def index_dispatch() -> None:
-    """Flower's simulation engine in this process finds each node's messages through an
-    index (``pflower.flower.dispatch``) instead of walking every stored message for every
-    node; where the installed Flower's dispatcher is not 1.41's, a warning (once) and
-    Flower's."""
-    try:
-        index_message_dispatch()
-    except Exception as err:  # any change of Flower's: never the reason a run stops
-        fall_back(
-            "the simulation's dispatch index",
-            err,
-            "Flower's own dispatcher walks every stored message for every node",
-        )
 
 
 class SecretRandom(random.Random):
@@ -262,7 +124,7 @@ def _plurality(values: Iterable, prefer=None):
     return prefer if prefer in tied else tied[0]
 
 
-class NodeSampling:
+class NodeSampler:
     """Which nodes exist, which partition each holds, which are refused, and who is sampled
     each round.
 
@@ -292,20 +154,46 @@ class NodeSampling:
     handshake). If every node that answered is refused, the run fails at start
     (``ConfigError``), naming them.
 
-    **Sampling** draws from ``rng`` (``init_sampling``: secret unless ``sample-seed`` >= 0)
+    **Sampling** draws from ``rng`` (``sample_stream``: secret unless ``sample-seed`` >= 0)
     over the eligible nodes in partition-id order. With a secret generator the order gives no
-    node an advantage: no one can compute which positions a round will draw."""
+    node an advantage: no one can compute which positions a round will draw.
 
-    #: central DP's Poisson sampling (``dp-sampling = "poisson"``): a coin per eligible node
-    poisson_train = False
-    #: how many nodes the last training sample was drawn from (DP's q)
-    sampled_from = 0
+    Parameters
+    ----------
+    sample_seed : int (default: -1)
+        -1: a secret seed from OS entropy (``sample_stream``); >= 0: a reproducible sample.
+    model_fingerprint : str (default: "")
+        The model every node must run ("": none of the server's own until it sets
+        ``expected_facts``; the nodes' plurality then).
+    min_available_nodes : int (default: 1)
+        Wait until this many nodes are connected before sampling.
+    holdout_fraction : float (default: 0.0)
+        Share of the clients (the highest partition ids) never sampled for training.
+    poisson : bool (default: False)
+        Central DP's Poisson sampling (``dp-sampling = "poisson"``): a coin per eligible node.
+    private : bool (default: False)
+        The run has differential privacy (the log says how the sample is accounted).
+    """
 
-    def init_sampling(self, sample_seed: int = -1, model_fingerprint: str = "") -> None:
-        """The sampling generator (``sample_stream``; ``sampling`` records it) and the
-        handshake's state; ``model_fingerprint``: the model every node must run ('' : none
-        of the server's own, until the app sets ``expected_facts``)."""
+    def __init__(
+        self,
+        sample_seed: int = -1,
+        model_fingerprint: str = "",
+        *,
+        min_available_nodes: int = 1,
+        holdout_fraction: float = 0.0,
+        poisson: bool = False,
+        private: bool = False,
+    ) -> None:
+        if not 0 <= holdout_fraction < 1:
+            raise ValueError(f"holdout_fraction = {holdout_fraction}: must be in [0, 1)")
         self.rng, self.sampling = sample_stream(sample_seed)
+        self.min_available_nodes, self.holdout_fraction = min_available_nodes, holdout_fraction
+        self.poisson, self.private = poisson, private
+        self.partition_of: dict[int, int] = {}  # node id -> partition id
+        self.num_train_of: dict[int, int] = {}  # node id -> training examples (if queried)
+        self.query_num_train = False  # ask every node for its num-train at start-up too
+        self.sampled_from = 0  # how many nodes the last training sample was drawn from
         #: facts every node must report as the server has them (data kind, model)
         self.expected_facts: dict[str, str] = (
             {MODEL_FINGERPRINT: model_fingerprint} if model_fingerprint else {}
@@ -319,14 +207,30 @@ class NodeSampling:
         self._asked_nodes: set[int] = set()  # nodes the query went to (answered or not)
         self._query_timeout: float | None = None
 
+    #: what a checkpoint keeps of the sampler (``state_dict``), by its names there
+    STATE = ("rng", "sampling", "refusals")
+
+    def state_dict(self) -> dict:
+        """The generator (and its seed: secret by default, a checkpoint is the server's own)
+        and the refusals so far: what a resumed run needs to sample as the run would have."""
+        return {name: getattr(self, name) for name in self.STATE}
+
+    def load_state_dict(self, state: dict) -> dict:
+        """Take this sampler's part of a checkpoint's ``state``; returns the rest."""
+        rest = dict(state)
+        for name in self.STATE:
+            if name in rest:
+                setattr(self, name, rest.pop(name))
+        return rest
+
     def sample_line(self) -> str:
         """How clients are sampled, for the log (never the secret seed)."""
-        if self.sampling["secret"] and getattr(self, "privacy", None) is not None:
+        if self.sampling["secret"] and self.private:
             return "secret (a seed from OS entropy; dp: results.json withholds it)"
         if self.sampling["secret"]:
             return "secret (a seed from OS entropy; results.json records it)"
         line = f"reproducible (sample-seed {self.sampling['seed']}: every client can predict it"
-        if getattr(self, "privacy", None) is not None:
+        if self.private:
             line += "; dp: accounted without amplification"
         return line + ")"
 
@@ -487,14 +391,14 @@ class NodeSampling:
                 self._check_facts(node)
         self._check_duplicates(online)
 
-    def _in_order(self, replies: Iterable[Message]) -> list[Message]:
+    def in_order(self, replies: Iterable[Message]) -> list[Message]:
         """Replies in partition-id order (the order the nodes were sampled in)."""
         return sorted(replies, key=lambda m: self._rank(m.metadata.src_node_id))
 
     def _rank(self, node: int) -> tuple[int, int]:
         return (self.partition_of.get(node, 1 << 62), node)
 
-    def _ordered(self, nodes: Iterable[int]) -> list[int]:
+    def ordered(self, nodes: Iterable[int]) -> list[int]:
         """The nodes that may be sampled (none refused at the handshake), in partition-id
         order (a node of no known partition after the rest, by node id)."""
         refused = self.refused
@@ -512,7 +416,7 @@ class NodeSampling:
             time.sleep(1)
             online = list(grid.get_node_ids())
         self._admit(grid, online)
-        nodes = self._ordered(online)
+        nodes = self.ordered(online)
         if everyone:
             return nodes
         if train and self.holdout_fraction:  # held-out partitions never train
@@ -523,9 +427,9 @@ class NodeSampling:
             return []
         if train:  # the population this round sampled from (DP's q: nodes join and leave)
             self.sampled_from = len(nodes)
-        if train and self.poisson_train:  # dp-sampling = "poisson": a coin per node, may be none
+        if train and self.poisson:  # dp-sampling = "poisson": a coin per node, may be none
             return [n for n in nodes if self.rng.random() < fraction]
-        return self._ordered(self.rng.sample(nodes, max(1, round(fraction * len(nodes)))))
+        return self.ordered(self.rng.sample(nodes, max(1, round(fraction * len(nodes)))))
 
     def held_out(self, nodes: Sequence[int]) -> set[int]:
         """The nodes whose partition id is among the top ``holdout_fraction`` of the ids."""

@@ -219,7 +219,7 @@ class PFLEGO(PersonalizedStrategy):
     """
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
-    algorithm = "pflego"
+    serves = ("pflego",)
     defaults = PFLEGO_DEFAULTS
 
     def __init__(
@@ -234,14 +234,14 @@ class PFLEGO(PersonalizedStrategy):
         if alpha not in ALPHA_MODES:
             raise ValueError(f"alpha = {alpha!r}: must be one of {ALPHA_MODES}")
         self.alpha = alpha
-        self.query_num_train = alpha == "global"
+        self.nodes.query_num_train = alpha == "global"
         self.num_nodes = 0  # I: the clients that can be sampled for training
         self.held: set[int] = set()  # the held-out nodes (``holdout_fraction``)
 
     def configure_train(self, server_round, arrays, config, grid):
         nodes = list(grid.get_node_ids())
         # held-out clients are never sampled: no part of L, so not of I (nor of r, sum_j N_j)
-        self.held = self.held_out(nodes) if self.holdout_fraction else set()
+        self.held = self.nodes.held_out(nodes) if self.nodes.holdout_fraction else set()
         self.num_nodes = len(nodes) - len(self.held)
         return super().configure_train(server_round, arrays, config, grid)
 
@@ -260,9 +260,10 @@ class PFLEGO(PersonalizedStrategy):
         """sum_j N_j over the I trainable clients (held-out ones excluded), each N_j its
         start-up claim bounded as the replies' weights are (``checks.ClaimBound.cap``): one
         node's claim of 1e12 scaled every honest alpha_i by ~1e-10."""
-        cap = self.claims.cap(self.num_train_of)
+        known = self.nodes.num_train_of
+        cap = self.pipeline.bound.claims.cap(known)
         return float(
-            sum(min(n, cap) for node, n in self.num_train_of.items() if node not in self.held)
+            sum(min(n, cap) for node, n in known.items() if node not in self.held)
         )
 
     def aggregate(
@@ -273,14 +274,15 @@ class PFLEGO(PersonalizedStrategy):
         sizes = [u.num_examples for u in updates]
         # the robust rule (or central DP's clipped, noised mean) over the g_i replaces the
         # alpha-sum, whose data-size weights would make the sensitivity depend on the claims
-        if self.robust is not None or self.central_dp:
+        if not self.pipeline.combine.weighted:
             return self.server_optimizer.step(
                 current, self.combine([u.tensors for u in updates], sizes)
             )
         if self.alpha == "sampled":
             gradient = self.combine([u.tensors for u in updates], sizes)
-        elif self.clipping is not None:  # the alpha-sum over the clipped g_i: its total weight
-            total = self.num_train_total or float(sum(sizes))  # times their weighted mean
+        elif not self.pipeline.combine.exact_mean:
+            # the alpha-sum over the clipped g_i: their total weight times their weighted mean
+            total = self.num_train_total or float(sum(sizes))
             mass = self.num_nodes / len(updates) * sum(sizes) / total
             mean = self.combine([u.tensors for u in updates], sizes)
             gradient = {k: mass * g for k, g in mean.items()}

@@ -115,6 +115,9 @@ import numpy as np
 from pflower.flower import dp as flower_dp
 from pflower.flower.dp import clip_inputs_inplace, compute_adaptive_noise_params, compute_stdv
 
+# A child of Flower's logger, so the records go wherever Flower's go (console, `flwr log`).
+log = logging.getLogger("flwr.pflower")
+
 if TYPE_CHECKING:
     from pflower.settings import RunSettings
 
@@ -641,6 +644,29 @@ class Mechanism:
         if self.dp.canaries:
             self.canary_seed = int(noise_rng(self.dp.seed, 1 << 21).integers(1 << 62))
         self.started = True
+
+    def sampled(
+        self,
+        nodes: Sequence[int],
+        population: int,
+        rounds: int,
+        *,
+        secret: bool,
+        rate: float,
+        shared: Mapping[str, np.ndarray],
+    ) -> None:
+        """Before a training round of ``nodes`` sampled from ``population`` eligible ones
+        (they join and leave, so q is this round's): at the first, the accountant opened
+        (``start``; a sample others can reproduce, not ``secret``, amplifies nothing) and a
+        weak signal warned of; then the round's release noted (``check``) and the canaries
+        drawn against the ``shared`` parameters sent (``observe``)."""
+        if not self.started:
+            self.start(population, len(nodes), rounds, amplified=secret, rate=rate)
+            problem = self.signal_problem(sum(int(np.prod(a.shape)) for a in shared.values()))
+            if problem:
+                log.warning("dp: %s", problem)
+        self.check(nodes, population)
+        self.observe(shared)
 
     def _release(self, sampled: int, population: int) -> Release:
         if self.sampling == POISSON:

@@ -23,17 +23,18 @@ others. With ``aggregator = Mean()`` the result equals FedAvg's unweighted mean;
 unweighted (a Byzantine client could claim any ``num-examples``). A node asked that did not
 answer within the round's timeout is counted too (``no reply within the round timeout``).
 
-The update-norm bound of pflower's own strategies (``checks.UpdateNormBound``: every update at
-most ``max_update_norm`` x a reference that starts at the model's norm and grows at most
-``update_norm_growth`` per round) holds at every round size, and the rule's preconditions
-(breakdown point for ``byzantine``, Multi-Krum's m <= N - f) are checked every round against
-the replies kept. ``byzantine`` = f bounds the faulty nodes of a round, so each node asked
-that left no kept reply (dropped, an error, silent) is one of them and the kept replies hold
-at most ``f_kept = f - (asked - kept)``: the rule runs with ``f_kept``; where it cannot and
-``f_kept`` = 0 the kept replies are all honest and their mean is taken; otherwise the round
-is skipped and counted (``skipped``), never combined with an f below ``f_kept``. A round
-that aggregates nothing keeps the model, and ``Result.arrays`` is always the last good
-model (the initial one if no round aggregated).
+Every reply goes through the admit, bound and combine stages of pflower's own strategies
+(``pflower.strategies.pipeline``): the same checks and drop reasons, the update-norm bound
+(``bound.UpdateNormBound``: every update at most ``max_update_norm`` x a reference that starts at
+the model's norm and grows at most ``update_norm_growth`` per round) at every round size, and the
+rule with its f (``combine.RobustRule``), whose preconditions (breakdown point for ``byzantine``,
+Multi-Krum's m <= N - f) are checked every round against the replies kept. ``byzantine`` = f bounds
+the faulty nodes of a round, so each node asked that left no kept reply (dropped, an error, silent)
+is one of them and the kept replies hold at most ``f_kept = f - (asked - kept)``: the rule runs with
+``f_kept``; where it cannot and ``f_kept`` = 0 the kept replies are all honest and their mean is
+taken; otherwise the round is skipped and counted (``skipped``), never combined with an f below
+``f_kept``. A round that aggregates nothing keeps the model, and ``Result.arrays`` is always the
+last good model (the initial one if no round aggregated).
 
 Every array keeps its shape and dtype (a 0-dim scalar parameter comes back 0-dim). Like
 Flower's own strategies, ``aggregate_train`` also aggregates replies it did not ask for (no
@@ -44,9 +45,10 @@ follow one 1e30 reply): the rules are translation-equivariant (mean, median, tri
 Krum, Multi-Krum, geometric median, bucketing), so the result is the rule applied to the
 weights; centered clipping clips around that median instead of around the model sent.
 
-``RobustAggregation`` is the mixin behind it: put it first in the bases of any strategy whose
-``aggregate_train`` is FedAvg's (e.g. ``class RobustFedProx(RobustAggregation, FedProx)``).
-Strategies that post-process FedAvg's aggregate (FedAdam, FedYogi, ...) are not covered.
+Any strategy of Flower's FedAvg family whose ``aggregate_train`` is FedAvg's gets it by
+putting ``RobustFedAvg`` first in its bases (``class RobustFedProx(RobustFedAvg, FedProx)``:
+FedProx's messages, this aggregation). Strategies that post-process FedAvg's aggregate
+(FedAdam, FedYogi, ...) are not covered.
 """
 
 from __future__ import annotations
@@ -56,27 +58,40 @@ from collections import Counter
 from collections.abc import Iterable
 
 import numpy as np
-import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
 from flwr.serverapp.strategy import FedAvg
 
 from pflower.strategies import aggregators
+from pflower.strategies.admit import Admit
 from pflower.strategies.aggregators import Aggregator
-from pflower.strategies.checks import UpdateNormBound, provisional_scale
-from pflower.wire import (
-    REASON_CHARS,
-    UNDECODABLE,
-    array_view,
-    layout_problem,
-    metrics_problem,
-)
+from pflower.strategies.bound import Bound
+from pflower.strategies.combine import RobustRule, RoundSkipped
+from pflower.strategies.pipeline import ReplyPipeline
+from pflower.strategies.rounds import Round
+from pflower.strategies.settle import Settle
+from pflower.wire import array_view
 
 # A child of Flower's logger, so the records go wherever Flower's go (console, `flwr log`).
 log = logging.getLogger("flwr.pflower")
 
 
-class RobustAggregation:
-    """Mixin: robust aggregation of updates for FedAvg-like Flower strategies."""
+class RobustFedAvg(FedAvg):
+    """Flower's ``FedAvg`` with a robust rule over the updates (the module docstring).
+
+    Parameters
+    ----------
+    aggregator : Aggregator
+        The robust rule (``pflower.strategies.aggregators.make_aggregator``).
+    byzantine : int (default: 0)
+        f, the Byzantine replies per round the rule must tolerate.
+    max_update_norm : float (default: 1000.0)
+        ``K`` of the update-norm bound (``bound.UpdateNormBound``); 0: off.
+    update_norm_growth : float (default: 2.0)
+        ``g`` of the update-norm bound.
+    *args, **kwargs
+        Flower's ``FedAvg``'s (``fraction_train``, ``arrayrecord_key``,
+        ``weighted_by_key``, ``train_metrics_aggr_fn``...).
+    """
 
     def __init__(
         self,
@@ -88,24 +103,21 @@ class RobustAggregation:
         **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
-        if byzantine < 0:
-            raise ValueError(f"byzantine = {byzantine}: must be >= 0")
+        combine = RobustRule(aggregator, byzantine)  # refuses a negative f
+        # unweighted rules, and Flower's metrics of the replies as sent: no claim bound
+        bound = Bound(max_update_norm, update_norm_growth, weigh=False)
+        admit = Admit(by_norm=bool(bound.norm.factor), count_key=self.weighted_by_key)
+        self.pipeline = ReplyPipeline(admit, bound, combine, Settle(0))
         self.aggregator, self.byzantine = aggregator, byzantine
-        self.norm_bound = UpdateNormBound(max_update_norm, update_norm_growth)
         self.dropped: dict[str, int] = {}  # reason -> count, over the run
         self.skipped = 0  # rounds that could not meet the rule's preconditions
         self._current: ArrayRecord | None = None
-        self._asked: set[int] = set()
+        self._out: list[Message] = []
 
     def configure_train(self, server_round, arrays, config, grid):
         self._current = arrays  # the model the clients start from: updates are relative to it
-        messages = list(super().configure_train(server_round, arrays, config, grid))
-        self._asked = {m.metadata.dst_node_id for m in messages}
-        return messages
-
-    def _drop(self, node: int, reason: str) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + 1
-        log.warning("dropped the reply of node %d: %s", node, reason)
+        self._out = list(super().configure_train(server_round, arrays, config, grid))
+        return self._out
 
     def _layout(self, replies: list[Message]) -> dict[str, tuple] | None:
         """Name -> (shape, dtype) every reply must carry: the model ``configure_train`` sent,
@@ -123,123 +135,55 @@ class RobustAggregation:
             return None
         return {k: (shape, dtype) for k, shape, dtype in seen.most_common(1)[0][0]}
 
-    def _checked(
-        self, replies: list[Message], expected: dict[str, tuple]
-    ) -> tuple[list[Message], torch.Tensor, list]:
-        """The well-formed replies, their weights as the rows of one N x d tensor (each reply
-        decoded once straight into its row: N = 100 ResNet-18 replies are 4.5 GB, a list of
-        decoded arrays and then a stack would need twice that) and the layout to undo it."""
-        template = {k: np.zeros(shape, dtype) for k, (shape, dtype) in expected.items()}
-        probe, layout = aggregators.stack([template])
-        X = torch.empty((len(replies), probe.shape[1]), dtype=probe.dtype)
-        kept: list[Message] = []
-        for msg in replies:
-            node = msg.metadata.src_node_id
-            if msg.has_error():
-                self._drop(node, f"client error: {str(msg.error.reason)[:REASON_CHARS]}")
-                continue
-            record = msg.content.array_records.get(self.arrayrecord_key)
-            metrics = list(msg.content.metric_records.values())
-            if record is None or len(metrics) != 1:
-                self._drop(
-                    node, f"expected ArrayRecord {self.arrayrecord_key!r} and one MetricRecord"
-                )
-                continue
-            problem = layout_problem(record, expected)
-            if problem:
-                self._drop(node, problem)
-                continue
-            problem = metrics_problem(metrics[0], (self.weighted_by_key,))
-            if not problem and not metrics[0][self.weighted_by_key] > 0:
-                problem = f"metric {self.weighted_by_key!r} is not positive"
-            if problem:
-                self._drop(node, problem)
-                continue
-            row, i = X[len(kept)].numpy(), 0
-            try:  # array_view: the bytes must be the array the layout check read
-                for name, shape, _ in layout:
-                    size = int(np.prod(shape))
-                    row[i : i + size] = array_view(record[name]).ravel()
-                    i += size
-            except (ValueError, TypeError):
-                self._drop(node, UNDECODABLE)
-                continue
-            # float32 entries sum in float64 without overflow, and a NaN or Inf anywhere
-            # makes the sum non-finite: one pass, no d-sized boolean temporary
-            finite = (
-                np.isfinite(row.sum(dtype=np.float64))
-                if row.dtype == np.float32
-                else np.isfinite(row).all()
-            )
-            if not finite:
-                self._drop(node, "non-finite values")
-                continue
-            kept.append(msg)
-        return kept, X[: len(kept)], layout
+    def _round(self, server_round: int, layout: dict) -> Round:
+        configured = self._current is not None
+        return Round(
+            server_round,
+            {m.metadata.dst_node_id for m in self._out} if configured else set(),
+            {m.metadata.message_id: m.metadata.dst_node_id for m in self._out}
+            if configured
+            else None,
+            self.dropped,
+            reply_key=self.arrayrecord_key,
+            layout=layout,
+            current={k: array_view(a) for k, a in self._current.items()} if configured else {},
+        )
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
-        answered = {m.metadata.src_node_id for m in replies}
-        for node in sorted(self._asked - answered):
-            self._drop(node, "no reply within the round timeout")
-        expected = self._layout(replies)
-        if expected is None:  # nothing sent and no reply with arrays: nothing to aggregate
-            self._checked(replies, {})  # counts each reply's reason
+        layout = self._layout(replies)
+        rnd = self._round(server_round, layout or {})
+        admit = self.pipeline.admit
+        replies = admit.answers(rnd, replies)
+        updates = admit.train(rnd, replies)  # with no layout: each reply's reason counted
+        if layout is None or (self._current is None and not updates):
             log.warning("round %d: no usable reply", server_round)
             return None, None
-        kept, X, layout = self._checked(replies, expected)
-        if self._current is not None:
-            current = {k: a.numpy() for k, a in self._current.items()}
-        elif kept:  # replies alone: their coordinate-wise median is the centre (docstring)
-            current = aggregators.unstack(X.median(dim=0).values, layout)
-        else:
-            log.warning("round %d: no usable reply", server_round)
-            return None, None
-        centre, _ = aggregators.stack([current])
-        X.neg_().add_(centre)  # the updates current - w_i, in place
-        if kept and self.norm_bound.factor:
-            kept, X = self._bounded(kept, X, current)
-        if not kept:
+        if self._current is None:  # replies alone: their coordinate-wise median is the centre
+            X, stacked = aggregators.stack([u.tensors for u in updates])
+            rnd.current = aggregators.unstack(X.median(dim=0).values, stacked)
+        updates = self.pipeline.bound(rnd, updates)
+        if not updates:
             log.warning("round %d: no usable reply; the model is unchanged", server_round)
             return self._current, None
-        # f counts the round's faulty nodes: each node asked that left no kept reply (dropped,
-        # an error, silent) is one of them, so the kept replies hold at most f_kept
-        f_kept = max(0, self.byzantine - max(0, len(self._asked) - len(kept)))
-        problem = self.aggregator.problem(len(kept), f_kept)
-        if problem and f_kept == 0:  # every kept reply is honest: their plain mean
-            rule: Aggregator = aggregators.Mean()
-        elif problem:  # too few replies left for the rule and f: skip, keep the model
+        try:  # f counts the round's faulty nodes (``combine.RobustRule``)
+            step = self.pipeline.combine(
+                rnd, [u.tensors for u in updates], [1.0] * len(updates), rnd.current
+            )
+        except RoundSkipped as problem:  # too few replies left for the rule and f
             self.skipped += 1
             log.warning("round %d: skipped, the model is unchanged: %s", server_round, problem)
             return self._current, None
-        else:
-            rule = self.aggregator
-        step = aggregators.unstack(rule(X, f=f_kept), layout)
+        current = rnd.current
         # np.asarray, not np.ascontiguousarray: that one turns a 0-dim array into shape (1,)
         arrays = ArrayRecord(
             {k: Array(np.asarray(current[k] - step[k], dtype=current[k].dtype)) for k in current}
         )
-        metrics = self.train_metrics_aggr_fn([m.content for m in kept], self.weighted_by_key)
-        return arrays, metrics
-
-    def _bounded(self, kept: list[Message], X: torch.Tensor, current) -> tuple[list, torch.Tensor]:
-        """The replies (and rows of ``X``) whose update norm is within the bound."""
-        norms = torch.linalg.vector_norm(X.double(), dim=1).tolist()
-        bound = self.norm_bound.bound(norms, True, provisional_scale(current))
-        inside = [i for i, size in enumerate(norms) if size <= bound]
-        for i, size in enumerate(norms):
-            if size > bound:
-                self._drop(
-                    kept[i].metadata.src_node_id,
-                    f"update norm {size:.3g} > max-update-norm x reference = {bound:.3g}",
-                )
-        return [kept[i] for i in inside], X[inside]
-
-
-class RobustFedAvg(RobustAggregation, FedAvg):
-    """Flower's ``FedAvg`` with a robust rule over the updates (see the module docstring)."""
+        kept = {u.node_id for u in updates}
+        contents = [m.content for m in replies if rnd.sender(m) in kept]
+        return arrays, self.train_metrics_aggr_fn(contents, self.weighted_by_key)
 
     def summary(self) -> None:
         log.info("RobustFedAvg: %s, byzantine = %d", self.aggregator.name, self.byzantine)

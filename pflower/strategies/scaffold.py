@@ -77,7 +77,7 @@ class Scaffold(PersonalizedStrategy):
     """
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
-    algorithm = "scaffold"
+    serves = ("scaffold",)
 
     #: what a checkpoint keeps besides the base strategy's (``pflower.checkpoint``): c
     checkpoint_attributes = ("control",)
@@ -101,7 +101,8 @@ class Scaffold(PersonalizedStrategy):
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
         ones = [1.0] * len(updates)
-        if self.central_dp:  # (delta, control delta): one vector, one clip, one release
+        if self.pipeline.combine.single_release:
+            # central DP: (delta, control delta) as one vector, one clip, one release
             tag = CONTROL_DELTA + "/"
             joint = self.combine(
                 [

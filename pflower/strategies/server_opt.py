@@ -106,6 +106,15 @@ class ServerOptimizer:
         self._optimizer.step()
         return {k: p.detach().numpy().copy() for k, p in self._params.items()}
 
+    def update_scale(self, gradients: bool, client_lr: float) -> float:
+        """What multiplies an update when this optimizer applies it (the update-norm bound's
+        scale is ``||theta||`` over it): SGD's lr; under Adam, whose step does not grow with
+        the update, the client lr for gradients (the scale of a client's own step) and 1 for
+        weights and deltas."""
+        if self.name == "sgd":
+            return float(self.lr)
+        return float(client_lr) if gradients else 1.0
+
     def describe(self) -> str:
         if self.name == "sgd":
             return f"SGD(lr={self.lr})" + (" = FedAvg" if self.lr == 1.0 else "")

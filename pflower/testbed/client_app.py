@@ -11,7 +11,7 @@ production app's own code, so an honest node computes exactly what it computes t
 
 Not a Flower mod: a mod sees only messages, and ``label-flip`` changes the data the job trains
 on. ``app`` is the component to name for ``flwr run`` in robustness and straggler experiments
-(``clientapp = "pflower.experiments.client_app:app"`` in ``[tool.flwr.app.components]``);
+(``clientapp = "pflower.testbed.client_app:app"`` in ``[tool.flwr.app.components]``);
 ``LocalGrid``'s ``run_local`` uses it by default.
 """
 
@@ -24,9 +24,9 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from pflower.client_app import TrainStep, build_client_app
-from pflower.experiments import attacks
-from pflower.experiments.stragglers import straggler_delay
 from pflower.strategies.client import ClientJob
+from pflower.testbed import attacks
+from pflower.testbed.stragglers import straggler_delay
 from pflower.wire import ARRAYS, SERVER_ROUND
 
 

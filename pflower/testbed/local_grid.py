@@ -13,7 +13,7 @@ checks that a run on it equals the same run on the simulation engine.
 With ``workers`` > 0 the ClientApp calls run in that many threads and ``push_messages``
 returns at once (replies come back as ``pull_messages`` finds them done), as a SuperLink
 does: what an asynchronous server (``AsyncFFGG``) and straggler experiments (a node config
-``delay-s``, with the experiment ClientApp of ``pflower.experiments.client_app``) need.
+``delay-s``, with the experiment ClientApp of ``pflower.testbed.client_app``) need.
 ``silent`` nodes never answer (a device that died).
 
 Used by the benchmarks and tests; not a deployment path.
@@ -187,15 +187,16 @@ def run_local(
     out: Path | None = None,
     **kwargs,
 ):
-    """Run the config ``overrides`` on a ``LocalGrid``: the ServerApp's ``run`` with the
-    experiment ClientApp (``pflower.experiments.client_app``: the production app, with the
-    Byzantine and straggler behaviour that ``node_configs`` and the ``straggler-*`` keys ask
-    for) or ``client_app``, its outputs into ``out`` (default: a new directory under
-    ``outputs-dir``). Returns the ``RunReport``."""
+    """Run the config ``overrides`` on a ``LocalGrid``: the ServerApp's ``run``, with the testbed's
+    stages attached (``server_app.attach``), and the experiment ClientApp
+    (``pflower.testbed.client_app``: the production app, with the Byzantine and straggler behaviour
+    that ``node_configs`` and the ``straggler-*`` keys ask for) or ``client_app``, its outputs into
+    ``out`` (default: a new directory under ``outputs-dir``). Returns the ``RunReport``."""
     from pflower.config import Config
-    from pflower.experiments.client_app import experiment_client_app
     from pflower.server_app import run
+    from pflower.testbed.client_app import experiment_client_app
+    from pflower.testbed.server_app import attach
 
     cfg = Config.from_run_config(dict(overrides))
     app = client_app or experiment_client_app(overrides)
-    return run(LocalGrid(app, num_nodes, seed=cfg.seed, **kwargs), cfg, out)
+    return run(LocalGrid(app, num_nodes, seed=cfg.seed, **kwargs), cfg, out, prepare=attach)

@@ -1,5 +1,5 @@
 """Stragglers: a compute-time model for comparing synchronous and asynchronous servers on wall
-clock (the experiment ClientApp, ``pflower.experiments.client_app``, sleeps after training).
+clock (the experiment ClientApp, ``pflower.testbed.client_app``, sleeps after training).
 In a real deployment the device's own speed is
 the model; nothing here runs unless configured."""
 

@@ -1,7 +1,7 @@
 """Byzantine clients for robustness experiments, chosen per SuperNode by node config.
 
 ``--node-config "... byzantine='sign-flip'"`` makes that node's experiment ClientApp
-(``pflower.experiments.client_app``; the production one refuses such a node) train honestly and
+(``pflower.testbed.client_app``; the production one refuses such a node) train honestly and
 then corrupt its reply (or, for ``label-flip``, train on corrupted labels):
 
 - ``sign-flip``: the update u is replaced by ``-byzantine-scale * u`` (u = the gradient or
@@ -23,10 +23,12 @@ adversary that sees every honest reply of the round; off by default):
   (``byzantine-epsilon``, default 0.1), which makes the inner product of the aggregate with the
   true mean negative when enough of them get through.
 
-Such a node trains honestly and tags its reply (metric ``byzantine-omniscient``); the strategy,
-given ``attack_simulation=simulate_omniscient`` (the app does it for the run config
-``attack-simulation = true``), replaces the tagged replies with the attack vector computed
-from the untagged ones, in update space. Without it the node refuses to run: a real client
+Such a node trains honestly and tags its reply (metric ``byzantine-omniscient``); the
+testbed's ServerApp (``pflower.testbed.server_app``, for the run config ``attack-simulation =
+true``) inserts ``OmniscientAttack`` into the strategy's reply pipeline, a stage between
+admission and the bounds that replaces the tagged replies with the attack vector computed
+from the untagged ones, in update space: what such a client would send, which the bounds
+then judge as any reply. Without it the node refuses to run: a real client
 cannot see the others' updates, and an ALIE node that silently behaved honestly would make a
 robustness table lie. Off by default: a node without ``byzantine`` is honest.
 """
@@ -34,7 +36,7 @@ robustness table lie. Off by default: a node without ``byzantine`` is honest.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from statistics import NormalDist
 from typing import TYPE_CHECKING
 
@@ -190,25 +192,18 @@ def after_training(
 # --- the server side: the omniscient adversary, simulated ---------------------------------------
 def simulate_omniscient(
     server_round: int,
-    current: dict[str, np.ndarray],
+    current: Mapping[str, np.ndarray],
     updates: list[ClientUpdate],
     *,
-    enabled: bool,
     weights: bool,
-    drop: Callable[[int, int, str], None],
 ) -> list[ClientUpdate]:
     """Replace the replies that ALIE / IPM nodes tagged by the omniscient adversary's vector
-    over this round's untagged replies (``enabled``: the run's ``attack-simulation``; a tag
-    the server was not told to honour is dropped through ``drop``). The attack acts in update
-    space: ``current - w`` when the replies are weights (``weights``)."""
+    over this round's untagged replies. The attack acts in update space: ``current - w`` when
+    the replies are weights (``weights``)."""
     tagged = [u for u in updates if OMNISCIENT_KEY in u.metrics]
     if not tagged:
         return updates
     honest = [u for u in updates if OMNISCIENT_KEY not in u.metrics]
-    if not enabled:
-        for u in tagged:
-            drop(server_round, u.node_id, "omniscient-attack tag without attack-simulation")
-        return honest
     if not honest:
         log.warning("round %d: attack simulation has no honest reply to attack", server_round)
         return honest
@@ -234,3 +229,13 @@ def simulate_omniscient(
         out.append(ClientUpdate(u.node_id, bad, metrics, u.extra))
     log.info("round %d: attack simulation replaced %d replies", server_round, len(tagged))
     return out
+
+
+class OmniscientAttack:
+    """The omniscient adversary, simulated as a stage of the reply pipeline
+    (``pipeline.ReplyPipeline.insert``): each round's tagged replies replaced by the attack
+    vector over its untagged ones (``simulate_omniscient``)."""
+
+    def __call__(self, rnd, updates: list[ClientUpdate]) -> list[ClientUpdate]:
+        return simulate_omniscient(rnd.number, rnd.current, updates, weights=rnd.weights)
+
