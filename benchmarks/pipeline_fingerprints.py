@@ -94,8 +94,8 @@ case(
     "fedavg central dp",
     {"algorithm": "fedavg", "dp": "central", "dp-noise": 0.5, "dp-noise-seed": 3, **PRE},
 )
-case("ffgg central dp poisson", {"algorithm": "ffgg", "dp": "central", "dp-noise": 0.5, "dp-noise-seed": 3,
-                                 "dp-sampling": "poisson"})  # fmt: skip
+DP = {"dp": "central", "dp-noise": 0.5, "dp-noise-seed": 3}
+case("ffgg central dp poisson", {"algorithm": "ffgg", **DP, "dp-sampling": "poisson"})
 case(
     "scaffold central dp",
     {"algorithm": "scaffold", "dp": "central", "dp-noise": 0.5, "dp-noise-seed": 3},

@@ -75,23 +75,23 @@ PLANTS = [
     # --- the default defence (issue 45) -------------------------------------------------
     Plant(
         "default defence: FFGG's rule (geometric median) taken under DP too",
-        S + "server.py",
+        "pflower/strategies/pipeline.py",
         [
             (
-                "rules = RUN_DEFAULTS.resolved(self.defaults) if privacy.on else app",
+                "rules = RUN_DEFAULTS.resolved(defaults) if privacy.on else app",
                 "rules = app",
-            )
+            ),
         ],
         [DEFENCE],
     ),
     Plant(
         "default defence: robust-aggregator = none gives FFGG its default rule",
-        S + "server.py",
+        "pflower/strategies/__init__.py",
         [
             (
                 '"robust": robust_aggregator(cfg) or False,',
                 '"robust": robust_aggregator(cfg),',
-            )
+            ),
         ],
         [f"{T}test_bring_your_own.py"],
     ),
@@ -108,12 +108,12 @@ PLANTS = [
     ),
     Plant(
         "default defence: FFGG's rule runs in rounds of 3-4 replies (7.53 points at 4)",
-        S + "server.py",
+        "pflower/strategies/combine.py",
         [
             (
-                "self.robust.inputs(len(vectors)) < MIN_RULE_INPUTS",
-                "self.robust.inputs(len(vectors)) < 3",
-            )
+                "self.rule.inputs(len(vectors)) < MIN_RULE_INPUTS",
+                "self.rule.inputs(len(vectors)) < 3",
+            ),
         ],
         [DEFENCE],
     ),
@@ -193,12 +193,12 @@ PLANTS = [
     ),
     Plant(
         "robust rules: L2GD's mean of the x_m around the rule",
-        S + "l2gd.py",
+        "pflower/strategies/l2gd.py",
         [
             (
-                "if self.central_dp or self.clipping is not None or self.robust is not None:",
-                "if self.central_dp or self.clipping is not None:",
-            )
+                "if not self.pipeline.combine.exact_mean:",
+                "if not self.pipeline.combine.exact_mean and self.robust is None:",
+            ),
         ],
         [DEFENCE],
     ),
@@ -250,41 +250,47 @@ PLANTS = [
     ),
     Plant(
         "default defence: pre-training rounds not clipped (the plain mean)",
-        S + "server.py",
+        "pflower/strategies/server.py",
         [
             (
-                "if self.robust is None and not self.central_dp and self.clipping is None:",
-                "if self.robust is None and not self.central_dp:",
-            )
+                "if self.pipeline.combine.exact_mean:",
+                "if self.pipeline.combine.exact_mean or (self.clipping is not None and "
+                "self.robust is None):",
+            ),
         ],
         [DEFENCE],
     ),
     Plant(
         "robust rules: f not counted against the sampled nodes without a kept reply",
-        S + "server.py",
+        "pflower/strategies/combine.py",
         [
             (
-                "return max(0, self.byzantine - max(0, len(self._asked) - kept))",
+                "return max(0, self.byzantine - max(0, asked - kept))",
                 "return self.byzantine",
-            )
+            ),
         ],
         [DEFENCE],
     ),
     Plant(
         "replies: a node's second reply in a round kept",
-        S + "checks.py",
-        [("elif node in seen:", "elif node in seen and False:")],
+        "pflower/strategies/admit.py",
+        [
+            (
+                "elif node in seen:",
+                "elif node in seen and False:",
+            ),
+        ],
         [DEFENCE],
     ),
     Plant(
         "local DP: the bound is max(K R, allowance), not the allowance",
-        S + "checks.py",
+        "pflower/strategies/bound.py",
         [
             (
-                "bound = privacy.reply_norm_allowance(size, eps, sent)",
+                "bound = self.local_dp.reply_norm_allowance(size, eps, sent)",
                 "bound = max(limit.bound(norms, weights, provisional_scale(current, factor)), "
-                "privacy.reply_norm_allowance(size, eps, sent))",
-            )
+                "self.local_dp.reply_norm_allowance(size, eps, sent))",
+            ),
         ],
         [DEFENCE],
     ),
@@ -425,15 +431,18 @@ PLANTS = [
     ),
     Plant(
         "pflego: global alpha normalised over the sampled clients",
-        S + "pflego.py",
-        [  # both branches: the alpha-sum as the paper's, and over clipped g_i (the default)
+        "pflower/strategies/pflego.py",
+        [
             (
-                "total = self.num_train_total or float(sum(sizes))  # times",
-                "total = float(sum(sizes))  # times",
+                ("            total = self.num_train_total or float(sum(sizes))\n            mass"),
+                ("            total = float(sum(sizes))\n            mass"),
             ),
             (
-                "total = self.num_train_total or float(sum(sizes))\n",
-                "total = float(sum(sizes))\n",
+                (
+                    "            total = self.num_train_total or float(sum(sizes))\n"
+                    "            scale"
+                ),
+                ("            total = float(sum(sizes))\n            scale"),
             ),
         ],
         [T + "test_exact_pflego.py", T + "test_pflego.py"],
@@ -726,54 +735,81 @@ PLANTS = [
     # --- claims and evaluation metrics (issue 45) ---------------------------------------
     Plant(
         "claims: the cap's pool is the round's claims only",
-        S + "checks.py",
-        [("pool = {**self.claimed, **known}", "pool = {}")],
+        "pflower/strategies/bound.py",
+        [
+            (
+                "pool = {**self.claimed, **known}",
+                "pool = {}",
+            ),
+        ],
         CLAIMS,
     ),
     Plant(
         "claims: the cap from the pool's upper median (a high liar raises it)",
-        S + "checks.py",
+        "pflower/strategies/bound.py",
         [
             (
                 "return self.factor * lower_median(list(pool.values())) if pool else math.inf",
                 "return self.factor * sorted(pool.values())[len(pool) // 2] if pool else math.inf",
-            )
+            ),
         ],
         CLAIMS,
     ),
     Plant(
         "claims: a node weighs more than its first claim",
-        S + "checks.py",
-        [("weight = min(claim, first, cap)", "weight = min(claim, cap)")],
+        "pflower/strategies/bound.py",
+        [
+            (
+                "weight = min(claim, first, cap)",
+                "weight = min(claim, cap)",
+            ),
+        ],
         CLAIMS,
     ),
     Plant(
         "claims: a claim above the cap drops the reply (before issue 45)",
-        S + "checks.py",
-        [("u = replace(u, metrics={**u.metrics, NUM_EXAMPLES: weight})", "continue")],
+        "pflower/strategies/bound.py",
+        [
+            (
+                "u = replace(u, metrics={**u.metrics, NUM_EXAMPLES: weight})",
+                "continue",
+            ),
+        ],
         CLAIMS,
     ),
     Plant(
         "claims: weighed before the norm bound, a capped reply dropped (issue 45's order)",
-        S + "checks.py",
+        "pflower/strategies/bound.py",
         [
             (
-                "        if self.norm_bound.factor and updates and not self.replies_alone:\n"
-                "            updates = self._bound_norms(server_round, current, updates)\n"
-                "        return self.weigh_claims(server_round, updates)\n",
-                "        updates = self.weigh_claims(server_round, updates)\n"
-                "        if self.norm_bound.factor and updates and not self.replies_alone:\n"
-                "            updates = self._bound_norms(server_round, current, updates)\n"
-                "        return updates\n",
+                (
+                    "        if self.norm.factor and updates and not self.replies_alone:\n"
+                    "            updates = self.norms(rnd, updates)\n"
+                    "        return self.weigh_claims(rnd, updates) if self.weigh else updates\n"
+                ),
+                (
+                    "        updates = self.weigh_claims(rnd, updates)\n"
+                    "        if self.norm.factor and updates and not self.replies_alone:\n"
+                    "            updates = self.norms(rnd, updates)\n"
+                    "        return updates\n"
+                ),
             ),
-            ("u = replace(u, metrics={**u.metrics, NUM_EXAMPLES: weight})", "continue"),
+            (
+                "u = replace(u, metrics={**u.metrics, NUM_EXAMPLES: weight})",
+                "continue",
+            ),
         ],
         CLAIMS,
     ),
     Plant(
         "claims: the mean weighs the claim, not the bounded weight",
-        S + "checks.py",
-        [("u = replace(u, metrics={**u.metrics, NUM_EXAMPLES: weight})", "pass")],
+        "pflower/strategies/bound.py",
+        [
+            (
+                "u = replace(u, metrics={**u.metrics, NUM_EXAMPLES: weight})",
+                "pass",
+            ),
+        ],
         CLAIMS,
     ),
     Plant(
@@ -784,8 +820,13 @@ PLANTS = [
     ),
     Plant(
         "evaluation: rows pooled by their claims, not the bounded weights",
-        S + "checks.py",
-        [("metrics = {**metrics, NUM_EXAMPLES: weight}", "metrics = metrics")],
+        "pflower/strategies/bound.py",
+        [
+            (
+                "metrics = {**metrics, NUM_EXAMPLES: weight}",
+                "metrics = metrics",
+            ),
+        ],
         EVALUATION,
     ),
     Plant(
@@ -846,12 +887,12 @@ PLANTS = [
     ),
     Plant(
         "async-ffgg and small rounds: the recent-norm clip at the pool's largest norm",
-        S + "checks.py",
+        "pflower/strategies/bound.py",
         [
             (
                 "return self.factor * lower_median([*others, norm])",
                 "return self.factor * max([*others, norm])",
-            )
+            ),
         ],
         [T + "test_async_fairness.py", DEFENCE],
     ),
@@ -875,14 +916,24 @@ PLANTS = [
     # --- differential privacy (issue 46) ------------------------------------------------
     Plant(
         "privacy: a round that kept no reply leaves the parameters unchanged, not counted",
-        S + "server.py",
-        [("if not updates and self.central_dp:", "if not updates and False:")],
+        "pflower/strategies/server.py",
+        [
+            (
+                "new = self._step(rnd, updates) if updates or self.central_dp else None",
+                "new = self._step(rnd, updates) if updates else None",
+            ),
+        ],
         [PRIVACY + "test_a_round_that_keeps_no_reply_is_released_with_noise_and_counted"],
     ),
     Plant(
         "privacy: q from the population of the first round (nodes left or joined)",
-        S + "server.py",
-        [("self.privacy.check(nodes, eligible)", "self.privacy.check(nodes)")],
+        "pflower/strategies/privacy.py",
+        [
+            (
+                "self.check(nodes, population)",
+                "self.check(nodes)",
+            ),
+        ],
         [PRIVACY + "test_the_server_accounts_each_round_with_the_nodes_it_sampled_from"],
     ),
     Plant(
@@ -929,8 +980,13 @@ PLANTS = [
     ),
     Plant(
         "privacy: Poisson sampling draws a fixed-size sample",
-        S + "nodes.py",
-        [("if train and self.poisson_train:", "if False:")],
+        "pflower/strategies/nodes.py",
+        [
+            (
+                "if train and self.poisson:",
+                "if False:",
+            ),
+        ],
         [PRIVACY + "test_poisson_sampling_is_what_the_server_does"],
     ),
     Plant(
@@ -989,12 +1045,12 @@ PLANTS = [
     # --- central DP: one reply decides about itself alone (issue 46 items 1, 2, 8) -------
     Plant(
         "dp release: the update-norm bound decides under central DP",
-        S + "checks.py",
+        "pflower/strategies/bound.py",
         [
             (
-                "if self.norm_bound.factor and updates and not self.replies_alone:",
-                "if self.norm_bound.factor and updates:",
-            )
+                "if self.norm.factor and updates and not self.replies_alone:",
+                "if self.norm.factor and updates:",
+            ),
         ],
         [
             SENSITIVITY + "[fedavg]",
@@ -1005,8 +1061,13 @@ PLANTS = [
     ),
     Plant(
         "dp release: the claim bound's median cap under central DP",
-        S + "checks.py",
-        [("relative=not self.replies_alone", "relative=True")],
+        "pflower/strategies/bound.py",
+        [
+            (
+                "relative=not self.replies_alone",
+                "relative=True",
+            ),
+        ],
         [DPR + "test_under_central_dp_no_norm_reference_or_claim_median_decides_about_a_reply"],
     ),
     Plant(
@@ -1022,12 +1083,12 @@ PLANTS = [
     ),
     Plant(
         "dp release: PFLEGO's alpha-weighted sum under central DP",
-        S + "pflego.py",
+        "pflower/strategies/pflego.py",
         [
             (
-                "if self.robust is not None or self.central_dp:",
-                "if self.robust is not None:",
-            )
+                "if not self.pipeline.combine.weighted:",
+                "if not self.pipeline.combine.weighted and not self.central_dp:",
+            ),
         ],
         [SENSITIVITY + "[pflego]"],
     ),
@@ -1072,8 +1133,13 @@ PLANTS = [
     ),
     Plant(
         "dp release: the logs name the node of a dropped reply under dp",
-        S + "checks.py",
-        [('return getattr(self, "privacy", None) is None', "return True")],
+        "pflower/strategies/server.py",
+        [
+            (
+                "names_nodes=self.privacy is None,",
+                "names_nodes=True,",
+            ),
+        ],
         [
             SENSITIVITY + "[fedavg]",
             DPR + "test_under_dp_the_sample_is_secret_and_no_output_or_message_reveals_it",
@@ -1092,14 +1158,24 @@ PLANTS = [
     ),
     Plant(
         "dp release: a seeded sample accounted with amplification",
-        S + "server.py",
-        [('amplified=self.sampling["secret"],', "amplified=True,")],
+        "pflower/strategies/privacy.py",
+        [
+            (
+                "self.start(population, len(nodes), rounds, amplified=secret, rate=rate)",
+                "self.start(population, len(nodes), rounds, amplified=True, rate=rate)",
+            ),
+        ],
         [DPR + "test_under_dp_a_seeded_sample_is_accounted_without_amplification"],
     ),
     Plant(
         "dp release: the sample drawn from the run's public seed under dp",
-        S + "server.py",
-        [('"sample_seed": cfg.sample_seed,', '"sample_seed": cfg.seed,')],
+        "pflower/strategies/__init__.py",
+        [
+            (
+                '"sample_seed": cfg.sample_seed,',
+                '"sample_seed": cfg.seed,',
+            ),
+        ],
         [DPR + "test_under_dp_the_sample_is_secret_and_no_output_or_message_reveals_it"],
     ),
     Plant(
@@ -1120,8 +1196,13 @@ PLANTS = [
     ),
     Plant(
         "sampling: the app samples from the public seed (sample_seed = cfg.seed)",
-        S + "server.py",
-        [('"sample_seed": cfg.sample_seed,', '"sample_seed": cfg.seed,')],
+        "pflower/strategies/__init__.py",
+        [
+            (
+                '"sample_seed": cfg.sample_seed,',
+                '"sample_seed": cfg.seed,',
+            ),
+        ],
         [T + "test_sampling.py"],
     ),
     Plant(
@@ -1169,12 +1250,12 @@ PLANTS = [
     # --- the Flower boundary (issue 48) ---------------------------------------------------
     Plant(
         "flower boundary: a grid not recognised takes the fast path (no window, no deadline)",
-        S + "server.py",
+        "pflower/strategies/exchange.py",
         [
             (
                 "if window or engine in (grids.DEPLOYMENT, grids.OTHER):",
                 "if window or engine in (grids.DEPLOYMENT,):",
-            )
+            ),
         ],
         [T + "test_flower_boundary.py"],
     ),

@@ -798,9 +798,10 @@ class RunSettings(Settings):
         False,
         alias="attack-simulation",
         description=(
-            "robustness experiments only: the server replaces the replies of nodes with `byzantine "
-            "= 'alie'`/`'ipm'` by the omniscient adversary's vector "
-            "(`pflower/testbed/attacks.py`; Running experiments: Byzantine clients)"
+            "robustness experiments only: the testbed's ServerApp (`pflower.testbed.server_app`) "
+            "replaces the replies of nodes with `byzantine = 'alie'`/`'ipm'` by the omniscient "
+            "adversary's vector; the production ServerApp refuses it (Running experiments: "
+            "Byzantine clients)"
         ),
     )
 

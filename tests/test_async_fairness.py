@@ -250,13 +250,13 @@ def test_an_attacker_at_the_largest_accepted_norm_moves_theta_only_by_the_clip()
     steps, thetas = [], []
     real = AsyncFFGG._apply
 
-    def watch(self, new_version, reply, staleness):
+    def watch(self, new_version, reply, sent, staleness):
         before = {k: a.numpy().copy() for k, a in self._current.items()}
         raw = norm({k: a.numpy() for k, a in reply.content["gradient"].items()})
-        applied = real(self, new_version, reply, staleness)
+        applied = real(self, new_version, reply, sent, staleness)
         after = {k: a.numpy() for k, a in self._current.items()}
         step = norm({k: after[k] - before[k] for k in before})
-        steps.append((self.sender(reply), raw, step, applied))
+        steps.append((next(iter(sent.values())), raw, step, applied))
         thetas.append(before)
         return applied
 

@@ -198,9 +198,8 @@ def test_the_norm_bound_keeps_an_honest_client_next_to_a_converged_majority():
     client sampled again after many rounds sends a gradient hundreds of times that median
     yet no longer than the run's early ones: kept. The reference never decreases, and a
     minority cannot raise it: 1e30 and 101 x the reference are dropped."""
-    from pflower.wire import GRADIENT, ClientUpdate
-
     from pflower.strategies.rounds import Round
+    from pflower.wire import GRADIENT, ClientUpdate
 
     strategy = FedAvg(reply_key=GRADIENT, max_update_norm=100.0)
     strategy.num_rounds = 10
@@ -571,10 +570,12 @@ def test_krum_with_its_byzantine_dropped_runs_the_mean_of_the_honest_not_a_skip(
 def test_multi_krum_with_m_above_n_minus_f_is_refused_at_start():
     strategy = FedAvg(robust=make_aggregator("multi-krum", m=18), byzantine=3)
     with pytest.raises(ValueError, match="robust-krum-m.*m must be at most N - f = 17"):
-        strategy.check_robust(20)
-    FedAvg(robust=make_aggregator("multi-krum", m=17), byzantine=3).check_robust(20)
+        strategy.pipeline.combine.check_sample(20)
+    FedAvg(robust=make_aggregator("multi-krum", m=17), byzantine=3).pipeline.combine.check_sample(
+        20
+    )
     with pytest.raises(ValueError, match="krum cannot combine 2 inputs"):
-        FedAvg(robust=make_aggregator("krum")).check_robust(2)
+        FedAvg(robust=make_aggregator("krum")).pipeline.combine.check_sample(2)
 
 
 @pytest.mark.parametrize(

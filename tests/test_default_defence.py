@@ -20,8 +20,8 @@ from pflower.server_app import run as run_on
 from pflower.strategies import FedAvg
 from pflower.strategies.aggregators import make_aggregator
 from pflower.strategies.combine import AdaptiveClipping
-from pflower.strategies.rounds import Round
 from pflower.strategies.privacy import DPSettings
+from pflower.strategies.rounds import Round
 from pflower.testbed.local_grid import LocalGrid
 
 FACTOR = 1.0
@@ -338,6 +338,13 @@ def _updates(rows):
     ]
 
 
+def combined(strategy, vectors, weights):
+    """``strategy``'s combine stage on a training round of its algorithm: the result and the
+    round (what the stage found: the replies clipped)."""
+    rnd = Round(strategy.pretrain_rounds + 1, reply_key=strategy.reply_key, kind=strategy.reply_key)
+    return strategy.pipeline.combine(rnd, vectors, weights), rnd
+
+
 def test_ffgg_clips_the_rounds_its_rule_is_too_small_for():
     """FFGG's default defence: the geometric median of 5 or more replies; in rounds of 1 to 4
     adaptive clipping's bound (3-4 replies: their spread; with 4 replies a round one
@@ -353,19 +360,20 @@ def test_ffgg_clips_the_rounds_its_rule_is_too_small_for():
     assert ffgg.robust.base.name == "geometric-median" and ffgg.clipping is not None
     assert FFGG(robust=make_aggregator("median", bucket_size=2)).clipping is None  # a rule given
     honest = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.9, 0.8], [0.8, 0.9]])
-    ffgg._train_round = ffgg.pretrain_rounds + 1
     # five replies, one Byzantine at 1e4 x an honest norm: the rule on the replies
     rows = np.vstack([honest[:4], [[-1e4, -1e4]]])
-    got = ffgg.combine([u.tensors for u in _updates(rows)], [1.0] * 5)["w"]
+    got, rnd = combined(ffgg, [u.tensors for u in _updates(rows)], [1.0] * 5)
+    got = got["w"]
     np.testing.assert_allclose(got, geometric_median(rows), rtol=1e-4, atol=1e-5)
-    assert ffgg._clipped.get("gradient", 0) == 0 and np.linalg.norm(got) < 2.0
+    assert rnd.clipped.get("gradient", 0) == 0 and np.linalg.norm(got) < 2.0
     # ten replies (mnist-5c's rounds): the geometric median of 5 bucket means of 2, which
     # shrink the honest clients' spread (clean mnist-5c over 10 seeds: -0.33 points against
     # the plain mean, -0.78 for the geometric median of the replies)
     ten = np.vstack([honest, honest[::-1] * 0.5 + 0.1])
     ten[7] = [-1e4, -1e4]
-    got = ffgg.combine([u.tensors for u in _updates(ten)], [1.0] * 10)["w"]
-    assert ffgg._clipped.get("gradient", 0) == 0 and np.linalg.norm(got) < 2.0
+    got, rnd = combined(ffgg, [u.tensors for u in _updates(ten)], [1.0] * 10)
+    got = got["w"]
+    assert rnd.clipped.get("gradient", 0) == 0 and np.linalg.norm(got) < 2.0
     medians = [geometric_median(np.array([ten[list(p)].mean(0) for p in pairs]))
                for pairs in pairings(list(range(10)))]  # fmt: skip
     assert any(np.allclose(got, m, rtol=1e-4, atol=1e-5) for m in medians)
@@ -373,10 +381,11 @@ def test_ffgg_clips_the_rounds_its_rule_is_too_small_for():
     # four, then three replies with the Byzantine one: the clipped mean
     for rows in (honest[:3], honest[:2]):
         attacked = np.vstack([rows, [[-1e4, -1e4]]])
-        got = ffgg.combine([u.tensors for u in _updates(attacked)], [1.0] * len(attacked))["w"]
+        got, rnd = combined(ffgg, [u.tensors for u in _updates(attacked)], [1.0] * len(attacked))
+        got = got["w"]
         clipped_rows, _, _, n_clipped = reference_clip(attacked)
         np.testing.assert_allclose(got, clipped_rows.mean(0), rtol=1e-5, atol=1e-6)
-        assert n_clipped >= 1 and ffgg._clipped["gradient"] == n_clipped
+        assert n_clipped >= 1 and rnd.clipped["gradient"] == n_clipped
         assert np.linalg.norm(got) < 2.0  # the plain mean's: 3300 or more
     _, v, tau, _ = reference_clip(attacked)
     rho = np.linalg.norm(v) + tau
@@ -384,27 +393,30 @@ def test_ffgg_clips_the_rounds_its_rule_is_too_small_for():
     assert rho < 3.0  # the Byzantine reply of that round did not set it
     # two replies: no majority, each clipped to 2 rho, rho from the last round of >= 3
     pair = np.array([[1.0, 0.0], [-1e4, -1e4]])
-    got = ffgg.combine([u.tensors for u in _updates(pair)], [1.0] * 2)["w"]
+    got, rnd = combined(ffgg, [u.tensors for u in _updates(pair)], [1.0] * 2)
+    got = got["w"]
     want = np.mean([r * min(1.0, 2 * rho / np.linalg.norm(r)) for r in pair], 0)
     np.testing.assert_allclose(got, want, rtol=1e-5)
-    assert ffgg._clipped["gradient"] == 1
+    assert rnd.clipped["gradient"] == 1
     # BR-FFGG's bucketed median with the clip in its small rounds: 10 replies are 5 bucket
     # means (the rule); 6, 4 and 3 replies 3 or 2 (the clip, over the replies themselves)
     bucketed = FFGG(robust=make_aggregator("median", bucket_size=2), clipping=AdaptiveClipping())
-    bucketed._train_round = bucketed.pretrain_rounds + 1
     ten = np.vstack([honest, honest[::-1] * 0.5])
-    got = bucketed.combine([u.tensors for u in _updates(ten)], [1.0] * 10)["w"]
-    assert bucketed._clipped.get("gradient", 0) == 0
+    got, rnd = combined(bucketed, [u.tensors for u in _updates(ten)], [1.0] * 10)
+    got = got["w"]
+    assert rnd.clipped.get("gradient", 0) == 0
     medians = [  # the coordinate median of the bucket means, for every way to draw the buckets
         np.median([ten[list(p)].mean(0) for p in pairs], 0) for pairs in pairings(list(range(10)))
     ]
     assert any(np.allclose(got, m, rtol=1e-6) for m in medians)
     for rows in (honest, honest[:3], honest[:2]):  # 6 replies are 3 bucket means: clipped
         attacked = np.vstack([rows, [[-1e4, -1e4]]])
-        got = bucketed.combine([u.tensors for u in _updates(attacked)], [1.0] * len(attacked))
+        got, rnd = combined(
+            bucketed, [u.tensors for u in _updates(attacked)], [1.0] * len(attacked)
+        )
         clipped_rows, _, _, n_clipped = reference_clip(attacked)
         np.testing.assert_allclose(got["w"], clipped_rows.mean(0), rtol=1e-5, atol=1e-6)
-        assert n_clipped >= 1 and bucketed._clipped["gradient"] == n_clipped
+        assert n_clipped >= 1 and rnd.clipped["gradient"] == n_clipped
         assert np.linalg.norm(got["w"]) < 2.0  # the plain mean's: 3300 or more
     # a rule the run names keeps its own small rounds unless robust-small-rounds says clip
     from pflower.strategies.combine import adaptive_clipping

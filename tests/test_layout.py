@@ -15,6 +15,8 @@ from pflower.config import Config
 from pflower.strategies import ALGORITHMS
 
 PKG = Path(__file__).parents[1] / "pflower"
+#: the modules of experiments: what the production path never imports
+EXPERIMENT = ("pflower.testbed", "pflower.experiment")
 ALGORITHM_FILES = {"fedavg", "fedalt", "ffgg", "async_ffgg", "scaffold", "l2gd", "pflego", "apfl"}
 SHARED = [
     "settings.py",
@@ -26,7 +28,14 @@ SHARED = [
     "strategies/server.py",
     "strategies/client.py",
     "strategies/nodes.py",
+    "strategies/exchange.py",
+    "strategies/rounds.py",
+    "strategies/admit.py",
+    "strategies/bound.py",
     "strategies/combine.py",
+    "strategies/settle.py",
+    "strategies/pipeline.py",
+    "strategies/robust_fedavg.py",
     "strategies/history.py",
     "strategies/registry.py",
     "strategies/server_opt.py",
@@ -247,11 +256,19 @@ def test_the_bottom_layer_imports_no_algorithm():
         assert graph[bottom] <= {"pflower.settings", "pflower.wire"}, (bottom, graph[bottom])
 
 
-def test_the_device_app_imports_no_experiment_module():
-    """``client_app.py`` itself imports nothing under ``pflower.testbed``: Byzantine and
-    straggler behaviour attach from outside (``pflower.testbed.client_app``)."""
+def test_the_production_apps_import_no_experiment_module():
+    """``client_app.py`` and ``server_app.py`` import nothing under ``pflower.testbed`` or
+    ``pflower.experiment``, at any depth: Byzantine and straggler behaviour and the
+    simulated omniscient adversary attach from outside (``pflower.testbed.client_app``,
+    ``pflower.testbed.server_app``)."""
     graph = import_graph()
-    assert not {m for m in graph["pflower.client_app"] if m.startswith("pflower.experiment")}
+    for app in ("pflower.client_app", "pflower.server_app"):
+        reached, todo = set(), [app]
+        while todo:
+            for m in graph[todo.pop()] - reached:
+                reached.add(m)
+                todo.append(m)
+        assert not {m for m in reached if m.startswith(EXPERIMENT)}, app
 
 
 def test_the_device_entry_imports_no_experiment_code():
@@ -261,7 +278,7 @@ def test_the_device_entry_imports_no_experiment_code():
 
     code = (
         "import sys, pflower.client_app; "
-        "print(sorted(m for m in sys.modules if m.startswith('pflower.experiment')))"
+        f"print(sorted(m for m in sys.modules if m.startswith({EXPERIMENT!r})))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

@@ -379,7 +379,7 @@ def test_a_strategy_built_by_hand_compares_the_nodes_with_each_other_or_its_own_
     assert {pid[n] for n in theirs.nodes.refused} == {0, 1, 3, 4}
     nobody = FedAvg(model_fingerprint="0" * 16)
     with pytest.raises(ConfigError, match="every node that answered was refused"):
-        nobody.learn_partitions(grid, timeout=10)
+        nobody.nodes.learn_partitions(grid, timeout=10)
 
 
 class ReluNet(nn.Module):

@@ -20,10 +20,21 @@ def settings(strategy) -> dict:
         k: v
         for k, v in vars(strategy).items()
         if isinstance(v, (int, float, str, bool, tuple, type(None)))
-        and k not in ("algorithm", "settings_fingerprint")  # the handshake: the app's own
+        and k not in ("serves", "settings_fingerprint")  # the handshake: the app's own
     }
     robust = strategy.robust.name if strategy.robust is not None else None
-    return {**plain, "server": strategy.server_optimizer.describe(), "robust": robust}
+    pipeline, nodes = strategy.pipeline, strategy.nodes
+    stages = {
+        "combine": pipeline.combine.describe(),
+        "byzantine": pipeline.combine.byzantine,
+        "clip": vars(pipeline.combine.clip) if pipeline.combine.clip is not None else None,
+        "max-update-norm": (pipeline.bound.norm.factor, pipeline.bound.norm.growth),
+        "max-num-examples": pipeline.bound.claims.max_num_examples,
+        "max-failed-rounds": pipeline.settle.max_failed_rounds,
+        "privacy": pipeline.privacy is not None,
+        "nodes": (nodes.holdout_fraction, nodes.min_available_nodes, nodes.poisson),
+    }
+    return {**plain, **stages, "server": strategy.server_optimizer.describe(), "robust": robust}
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
@@ -36,7 +47,7 @@ def test_a_strategy_built_with_no_argument_is_the_app_s(name):
 
 def test_the_algorithms_own_defaults_reach_the_classes():
     assert strategies.PFLEGO().server_optimizer.describe().startswith("Adam(lr=0.003")
-    assert strategies.PFLEGO.algorithm == "pflego"  # its handshake names its own clients
+    assert strategies.PFLEGO.serves == ("pflego",)  # its handshake names its own clients
     assert strategies.AsyncFFGG().server_optimizer.lr == pytest.approx(0.2)
     assert strategies.BRFFGG().robust.name == "bucketing(median, s=2)"
     assert strategies.L2GD().p == pytest.approx(0.1)  # 1 / L2GD's local-steps

@@ -167,10 +167,10 @@ def test_sampling_is_without_replacement_and_seeded():
     b = FedAvg(fraction_train=0.3, sample_seed=1)
     grid = FakeGrid(range(100, 120))
     for _ in range(5):
-        s = a.sample(grid, 0.3)
+        s = a.nodes.sample(grid, 0.3)
         assert len(s) == len(set(s)) == 6
-        assert s == b.sample(grid, 0.3)
-    assert a.sample(grid, 0.3, everyone=True) == list(range(100, 120))
+        assert s == b.nodes.sample(grid, 0.3)
+    assert a.nodes.sample(grid, 0.3, everyone=True) == list(range(100, 120))
 
 
 def test_evaluation_summary_statistics():
@@ -227,11 +227,11 @@ def test_sampling_follows_partition_ids_not_node_ids():
     """Node ids are random per run; with the partition map the same clients are drawn."""
     a = FedAvg(fraction_train=0.3, sample_seed=1)  # a reproducible sample
     b = FedAvg(fraction_train=0.3, sample_seed=1)
-    a.partition_of = {100 + p: p for p in range(10)}  # run 1: node ids 100..109
-    b.partition_of = {900 - 7 * p: p for p in range(10)}  # run 2: other ids, other order
+    a.nodes.partition_of = {100 + p: p for p in range(10)}  # run 1: node ids 100..109
+    b.nodes.partition_of = {900 - 7 * p: p for p in range(10)}  # run 2: other ids, other order
     for _ in range(5):
-        pa = [a.partition_of[n] for n in a.sample(FakeGrid(a.partition_of), 0.3)]
-        pb = [b.partition_of[n] for n in b.sample(FakeGrid(b.partition_of), 0.3)]
+        pa = [a.nodes.partition_of[n] for n in a.nodes.sample(FakeGrid(a.nodes.partition_of), 0.3)]
+        pb = [b.nodes.partition_of[n] for n in b.nodes.sample(FakeGrid(b.nodes.partition_of), 0.3)]
         assert pa == pb
 
 

@@ -237,8 +237,8 @@ class PersonalizedStrategy(Strategy):
     """
 
     #: the algorithms whose client halves a strategy built by hand serves (the handshake's
-    #: names; built by the app, the run config's ``algorithm``)
-    serves: ClassVar[tuple[str, ...]] = ("fedavg", "fedavg-ft")
+    #: names; built by the app, the run config's ``algorithm``; none: no algorithm checked)
+    serves: ClassVar[tuple[str, ...]] = ()
     #: this algorithm's values for the run-config keys left at ``auto`` (``settings.AUTO``):
     #: a strategy built by hand uses them as the app does (``app_settings``)
     defaults: ClassVar[Mapping[str, Any]] = {}
@@ -337,7 +337,7 @@ class PersonalizedStrategy(Strategy):
     @property
     def algorithm(self) -> str:
         """The algorithm's name (the run config's, or the first the class serves)."""
-        return self.serves[0]
+        return self.serves[0] if self.serves else ""
 
     @property
     def robust(self) -> Aggregator | None:
@@ -492,7 +492,7 @@ class PersonalizedStrategy(Strategy):
         """What every message says about the server's run: the algorithms whose clients it
         serves and, when built from a run config, the fingerprint of the settings its clients
         must share."""
-        shake: dict = {ALGORITHM: list(self.serves)}
+        shake: dict = {ALGORITHM: list(self.serves)} if self.serves else {}
         if self.settings_fingerprint:
             shake[SETTINGS_FINGERPRINT] = self.settings_fingerprint
         return shake
@@ -640,9 +640,9 @@ class PersonalizedStrategy(Strategy):
         robust rule with its f, or central DP's noised mean), in float64; ``kind``: the
         vectors' record where they are not the replies' updates (Scaffold's control
         deltas). Raises ``RoundSkipped`` where the rule cannot tolerate the round's f."""
-        if self._round is None:
-            raise RuntimeError("combine runs on a round's updates: call it from aggregate")
-        return self.pipeline.combine(self._round, vectors, weights, center, kind)
+        # outside a round (an algorithm's step tried alone): a round of this phase, nobody asked
+        rnd = self._round or Round(0, reply_key=self.reply_key, kind=self.reply_key)
+        return self.pipeline.combine(rnd, vectors, weights, center, kind)
 
     def average_weights(
         self,
