@@ -76,7 +76,7 @@ def test_a_window_stops_at_the_timeout_with_what_arrived():
 )
 def test_the_final_evaluation_samples_past_100_clients(fraction, nodes, expected):
     strategy = FedAvg(final_evaluate_fraction=fraction)
-    assert strategy.final_fraction(nodes) == pytest.approx(expected)
+    assert strategy.evaluation.share_of_final(nodes) == pytest.approx(expected)
 
 
 def test_final_evaluate_fraction_reaches_the_run():

@@ -33,6 +33,9 @@ def settings(strategy) -> dict:
         "max-failed-rounds": pipeline.settle.max_failed_rounds,
         "privacy": pipeline.privacy is not None,
         "nodes": (nodes.holdout_fraction, nodes.min_available_nodes, nodes.poisson),
+        "steps": vars(strategy.steps),
+        "evaluation": vars(strategy.evaluation),
+        "exchange": vars(strategy.exchange),
     }
     return {**plain, **stages, "server": strategy.server_optimizer.describe(), "robust": robust}
 

@@ -360,7 +360,7 @@ class AsyncFFGG(FFGG):
         evaluate_config=None,
         evaluate_fn=None,
     ) -> Result:
-        self.refuse_other_lr(train_config)
+        self.steps.refuse_other(train_config, type(self).__name__)
         self.history = []
         self.counts = {"replies": 0, "applied": 0, "dropped": 0, "timed-out": 0}
         self.counts.update({"clipped": 0, "fair-share-held": 0, "fair-share-waived": 0})
@@ -374,7 +374,7 @@ class AsyncFFGG(FFGG):
         if slots > len(nodes):
             raise ValueError(f"concurrency = {slots}: more than the {len(nodes)} trainable nodes")
         total = self.max_updates or num_rounds * slots
-        every = self.evaluate_every_updates or self.evaluate_every * slots
+        every = self.evaluate_every_updates or self.evaluation.every * slots
         self.num_rounds = total  # the "round" of messages, logs and evaluation = theta's version
         self.pipeline.combine.check_sample(slots)
         self._slots = slots

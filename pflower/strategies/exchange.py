@@ -21,27 +21,43 @@ from pflower.flower.waits import cap_pull_backoff
 SIMULATION_WINDOW = 16
 
 
-def exchange(
-    grid: Grid, timeout: float | None, max_in_flight: int = 0, pull_interval: float = 0.05
-) -> tuple[Grid, float | None]:
-    """``grid`` behind the wrappers its engine needs, and the timeout to run it with: the
-    window of ``max_in_flight`` outstanding messages (0: ``SIMULATION_WINDOW`` on Flower's
-    simulation engine, no limit elsewhere) with pulls every ``pull_interval`` seconds where
-    Flower's engines are (``Window``), and without a ``timeout`` (0 or None) a round
-    deadline drawn from the rounds so far (``RoundDeadline``)."""
-    engine = grids.engine_of(grid)
-    simulated = engine == grids.SIMULATION  # Flower's simulation engine, in this process
-    if simulated:
-        index_dispatch()
-    window = max_in_flight or (SIMULATION_WINDOW if simulated else 0)
-    if engine == grids.DEPLOYMENT:  # Flower's deployment grid: 3 s pulls, 1 s backoff
-        shorten_pull_backoff(min(pull_interval, 1.0))
-    # a grid not recognised (``other``) takes the safe path: pulled through the window
-    if window or engine in (grids.DEPLOYMENT, grids.OTHER):
-        grid = Window(grid, window or None, pull_interval)
-    if not timeout:  # each round waits as long as the work needs
-        return RoundDeadline(grid), None
-    return grid, timeout
+class Exchange:
+    """How a strategy exchanges its rounds' messages with the grid (``wrap``).
+
+    Parameters
+    ----------
+    max_in_flight : int (default: 0)
+        At most this many messages outstanding at once; 0 (auto): ``SIMULATION_WINDOW`` on
+        Flower's simulation engine, no limit elsewhere.
+    pull_interval : float (default: 0.05)
+        Seconds between the pulls for replies while a round waits.
+    """
+
+    def __init__(self, max_in_flight: int = 0, pull_interval: float = 0.05) -> None:
+        if max_in_flight < 0:
+            raise ValueError(f"max_in_flight = {max_in_flight}: must be >= 0 (0: auto)")
+        if not 0.01 <= pull_interval <= 60:
+            raise ValueError(f"pull_interval = {pull_interval}: must be in [0.01, 60] seconds")
+        self.max_in_flight, self.pull_interval = max_in_flight, pull_interval
+
+    def wrap(self, grid: Grid, timeout: float | None) -> tuple[Grid, float | None]:
+        """``grid`` behind the wrappers its engine needs, and the timeout to run it with: the
+        window (``Window``) with short pulls where Flower's engines are, and without a
+        ``timeout`` (0 or None) a round deadline drawn from the rounds so far
+        (``RoundDeadline``)."""
+        engine = grids.engine_of(grid)
+        simulated = engine == grids.SIMULATION  # Flower's simulation engine, in this process
+        if simulated:
+            index_dispatch()
+        window = self.max_in_flight or (SIMULATION_WINDOW if simulated else 0)
+        if engine == grids.DEPLOYMENT:  # Flower's deployment grid: 3 s pulls, 1 s backoff
+            shorten_pull_backoff(min(self.pull_interval, 1.0))
+        # a grid not recognised (``other``) takes the safe path: pulled through the window
+        if window or engine in (grids.DEPLOYMENT, grids.OTHER):
+            grid = Window(grid, window or None, self.pull_interval)
+        if not timeout:  # each round waits as long as the work needs
+            return RoundDeadline(grid), None
+        return grid, timeout
 
 
 class RoundDeadline:

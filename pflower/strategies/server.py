@@ -1,22 +1,10 @@
-"""``PersonalizedStrategy``, the round loop every pflower strategy runs (a Flower
-message-API ``Strategy``). It holds three components and calls them in turn:
-
-- ``nodes`` (``nodes.NodeSampler``): the start-up handshake, which refuses nodes running
-  another model or data or claiming another's partition id, and the sample, uniform
-  **without replacement**, secret unless ``sample_seed`` >= 0;
-- the messages: only the shared parameters (``arrays``), a ``config`` record with the round's
-  step sizes and the handshake (``algorithm``, ``settings-fingerprint``);
-- ``pipeline`` (``pipeline.ReplyPipeline``): every reply through admit, bound, combine,
-  apply and settle, each a module with its guarantee. A bad reply is dropped and counted,
-  never raised (Flower's own ``FedAvg`` raises on inconsistent replies: one bad client would
-  stop the run).
-
-Evaluation is aggregated per DESIGN.md: pooled accuracy, mean over clients, p10/p50/p90,
-worst client, and the number of clients whose personalized accuracy is below the global
-model's, every ``evaluate_every`` rounds; the final round evaluates every client up to 100
-clients, a uniform sample of max(100, 10%) past that (``final_evaluate_fraction``). At most
-``max_in_flight`` messages are outstanding (16 on the simulation engine: ``exchange``), and
-replies are taken in partition order, so that arrival order changes no bit of a result.
+"""``PersonalizedStrategy``, the round loop every pflower strategy runs (a Flower message-API
+``Strategy``). It configures each round's messages (``messages``: the shared parameters, the
+step sizes, the handshake) for the nodes its sampler draws (``nodes.NodeSampler``: the
+start-up handshake, a sample without replacement, secret unless ``sample_seed`` >= 0), and
+runs every reply through the reply pipeline (``pipeline``: admit, bound, combine, apply,
+settle, each a module with its guarantee): a bad reply is dropped and counted, never raised.
+Replies are taken in partition order, so that arrival order changes no bit of a result.
 """
 
 from __future__ import annotations
@@ -26,10 +14,10 @@ import time
 import uuid
 from abc import abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, MessageType, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
@@ -38,38 +26,31 @@ from pflower.strategies import pipeline as pipelines
 from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.bound import CLAIMS_CAPPED
 from pflower.strategies.combine import AdaptiveClipping, RoundSkipped, weighted_mean
-from pflower.strategies.exchange import exchange
+from pflower.strategies.evaluation import EvaluationPlan
+from pflower.strategies.exchange import Exchange
 from pflower.strategies.history import RoundLog, summarize_clients, weighted_mean_metrics
+from pflower.strategies.messages import handshake, round_messages
 from pflower.strategies.nodes import NodeSampler
 from pflower.strategies.privacy import POISSON, DPSettings, Mechanism
 from pflower.strategies.rounds import Round
-from pflower.strategies.server_opt import ServerOptimizer, client_lr
+from pflower.strategies.server_opt import ClientSchedule, ServerOptimizer
 from pflower.wire import (
-    ALGORITHM,
     ARRAYS,
-    CONFIG,
     DELTA,
     FINAL,
     GRADIENT,
     LR,
-    LR_SCALE,
     NUM_EXAMPLES,
-    PERSONAL_INIT,
-    PERSONAL_RESET,
     PHASE,
     PRETRAIN,
     RUN_TAG,
     SERVER_ROUND,
-    SETTINGS_FINGERPRINT,
     TRAIN,
     UPDATE_NORM_METRICS,
     ClientUpdate,
     array_view,
     to_record,
 )
-
-if TYPE_CHECKING:
-    from pflower.strategies.client import ClientHalf  # noqa: F401
 
 __all__ = ["PersonalizedStrategy", "RoundSkipped"]
 
@@ -79,32 +60,6 @@ log = logging.getLogger("flwr.pflower")
 #: every run-level key at its default (docs/reference/run-config.md): the constructor defaults
 #: of every strategy, so that a strategy built by hand runs what the app runs
 RUN_DEFAULTS = RunSettings()
-#: ``final_evaluate_fraction`` = 0: up to this many nodes the final round evaluates them all
-FINAL_EVALUATE_ALL = 100
-#: each constructor setting's range, checked in ``__init__``: name -> (allowed?, the rule)
-RANGES = {
-    "fraction_train": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
-    "fraction_evaluate": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
-    "evaluate_every": (lambda v: v >= 1, "must be >= 1"),
-    "final_evaluate_fraction": (lambda v: 0 <= v <= 1, "must be in [0, 1] (0: every node up "
-                                "to 100, else max(100, 10%) of them)"),  # fmt: skip
-    "max_in_flight": (lambda v: v >= 0, "must be >= 0 (0: auto)"),
-    "pull_interval": (lambda v: 0.01 <= v <= 60, "must be in [0.01, 60] seconds"),
-    "reply_key": (lambda v: v in (ARRAYS, DELTA, GRADIENT), "must be 'arrays', 'delta' or "
-                  "'gradient'"),  # fmt: skip
-    "lr": (lambda v: v > 0, "must be > 0"),
-    "pretrain_rounds": (lambda v: v >= 0, "must be >= 0"),
-    "byzantine": (lambda v: v >= 0, "must be >= 0"),
-}
-
-
-def check_ranges(values: Mapping[str, Any]) -> None:
-    """Raise ``ValueError`` naming the first setting outside its range (``RANGES``)."""
-    for name, (allowed, rule) in RANGES.items():
-        if name in values and not allowed(values[name]):
-            value = values[name]
-            raise ValueError(f"{name} = {repr(value) if isinstance(value, str) else value}: {rule}")
-
 
 class PersonalizedStrategy(Strategy):
     """Base strategy: sampling, messages, the reply pipeline, per-client evaluation metrics.
@@ -120,120 +75,72 @@ class PersonalizedStrategy(Strategy):
     message so that a client without personal state starts from it (Pillutla et al. 2022,
     step (a) -> (b)). It is the global model's slice, not any client's personal state.
 
-    **Threat model** (each stage of ``pflower.strategies.pipeline`` states its guarantee;
-    docs/threat-model.md the whole). Broken clients -- errors, missing or extra records,
-    wrong names, shapes or dtypes, NaN/Inf, malformed metrics, any ``num-examples`` (a
-    bounded weight), finite outliers beyond the update-norm bound -- are dropped and counted
-    at every round size. By default every aggregating algorithm clips each update to the
-    honest replies' spread around a robust centre (``combine.AdaptiveClipping``), FFGG takes
-    the geometric median; a robust rule (``robust``) replaces the mean, and a round with too
-    few replies for it is skipped and counted, never crashes the run.
+    **Threat model**: each stage of ``pflower.strategies.pipeline`` states its guarantee,
+    docs/threat-model.md the whole.
 
     **Defaults: the app's.** Every parameter that is a run-config key defaults to what the
-    app runs this algorithm with when that key is not set (docs/reference/run-config.md; the
-    key is named below): ``RunSettings``' defaults, with the algorithm's own values for the
-    keys left at ``auto`` (the class's ``defaults``, e.g. PFLEGO's server Adam). So a strategy
-    built with only what you must give (``PFLEGO(fraction_train=0.5, lr=0.1)``) runs as
-    ``flwr run`` with the same keys does; ``app_settings()`` shows them.
+    app runs this algorithm with when that key is not set (the class's ``defaults`` for keys
+    at ``auto``; ``app_settings()``): ``PFLEGO(fraction_train=0.5, lr=0.1)`` runs as ``flwr
+    run`` with the same keys does.
 
     Parameters
     ----------
-    fraction_train : float (default: ``fraction-train``)
-        Fraction of connected nodes sampled for training each round (at least one).
-    fraction_evaluate : float (default: ``fraction-evaluate``)
-        Fraction of nodes sampled for evaluation (the final round: ``final_evaluate_fraction``).
+    fraction_train, fraction_evaluate : float (default: ``fraction-train``, ``fraction-evaluate``)
+        Fractions of the connected nodes sampled for training and evaluation (at least one).
     final_evaluate_fraction : float (default: ``final-evaluate-fraction``)
-        Fraction of nodes the final round evaluates; 0 (auto): every node when there are at
-        most ``FINAL_EVALUATE_ALL`` (100), else a uniform sample of
-        ``max(100, 10%)`` of them (the per-client statistics are then over that sample).
-    max_in_flight : int (default: ``max-in-flight``)
-        At most this many messages outstanding at once (``exchange.Window``); 0 (auto): 16 on
-        Flower's simulation engine, no limit elsewhere.
-    pull_interval : float (default: ``pull-interval``)
-        Seconds between the server's pulls for replies while it waits (``exchange.Window``).
+        The final round's; 0 (auto): every node up to 100 (``evaluation.EvaluationPlan``), else a
+        uniform sample of max(100, 10%) of them.
+    max_in_flight, pull_interval : int, float (default: ``max-in-flight``, ``pull-interval``)
+        Messages outstanding at once (0, auto: 16 on Flower's simulation engine, no limit
+        elsewhere) and seconds between the server's pulls (``exchange.Window``).
     evaluate_every : int (default: ``evaluate-every``)
         Evaluate every this many rounds (and always in the final round).
     reply_key : str (default: "arrays")
-        The ArrayRecord key a training reply must carry: ``arrays`` (new weights),
-        ``delta`` or ``gradient``; no other is accepted.
-    lr : float (default: ``lr``)
-        Client learning rate, scheduled across the algorithm's rounds by ``lr_schedule``.
-    lr_schedule : str (default: ``lr-schedule``)
-        ``constant``, ``linear`` (warm-up over ``lr_warmup_fraction`` of the rounds, then
-        linear decay to 0) or ``exponential`` (halve every ``lr_halve_every`` rounds).
-    lr_warmup_fraction : float (default: ``lr-warmup-fraction``)
-        Share of the algorithm's rounds the ``linear`` schedule warms up over.
-    lr_halve_every : int (default: ``lr-halve-every``)
-        Rounds between halvings of the ``exponential`` schedule.
+        The record a training reply must carry: ``arrays``, ``delta`` or ``gradient``.
+    lr, lr_schedule, lr_warmup_fraction, lr_halve_every (default: ``lr``, ``lr-schedule``...)
+        The client learning rate and its schedule over the algorithm's rounds
+        (``server_opt.ClientSchedule``).
     server_optimizer : ServerOptimizer or None (default: None)
-        Applied to the pseudo-gradient (or gradient) by subclasses that use one;
-        ``None``: the app's for this algorithm (``server-optimizer``, ``server-lr``,
-        ``server-beta1``, ``server-beta2``, ``server-eps``): SGD with server lr 1 (FedAvg)
-        unless the algorithm's ``defaults`` say otherwise (PFLEGO: Adam at its rho).
-    pretrain_rounds : int (default: ``pretrain-rounds``)
-        FedAvg rounds on the whole model before the algorithm starts.
-    pretrain_lr : float or None (default: None)
-        Client lr of the pre-training rounds (``None`` or 0: ``lr``).
+        The apply stage; ``None``: the app's for this algorithm (``server-optimizer``,
+        ``server-lr``, ...: SGD at lr 1, FedAvg, unless its ``defaults`` say otherwise).
+    pretrain_rounds, pretrain_lr : int, float or None (default: ``pretrain-rounds``, None)
+        FedAvg rounds on the whole model before the algorithm starts, and their client lr
+        (``None`` or 0: ``lr``).
     shared_names : sequence of str or None (default: None)
         Names of the shared parameters; required when ``pretrain_rounds > 0``.
     seed : int (default: ``seed``)
-        The run's seed, which every client receives: the robust rule's (BR-FFGG's buckets);
-        never the sample's.
+        The run's seed, which every client receives: the robust rule's; never the sample's.
     sample_seed : int (default: ``sample-seed``)
-        -1: a secret sample, from a seed drawn from OS entropy that nothing sent to a client
-        reveals; >= 0: ``random.Random(sample_seed)``, which anyone who knows the seed can
-        predict (``nodes.sample_stream``).
+        -1: a secret sample (a seed from OS entropy no message reveals); >= 0: a sample
+        anyone who knows the seed can predict (``nodes.sample_stream``).
     model_fingerprint : str (default: "")
-        The fingerprint (``task.fingerprint.model_fingerprint``) of the model every node must
-        run, checked at the start-up handshake (``nodes.NodeSampler``); "": the app sets its
-        run model's, a strategy built by hand compares the nodes with their plurality.
+        The model every node must run, checked at the start-up handshake
+        (``nodes.NodeSampler``); "": the app sets its run model's, else the nodes' plurality.
     holdout_fraction : float (default: ``holdout-fraction``)
-        Share of the clients (the highest partition ids) never sampled for training: they
-        are evaluated as new clients (their personal part from the algorithm's new-client
-        rule) next to the trained ones.
+        Share of the clients (the highest partition ids) never trained, evaluated as new.
     robust : Aggregator, None or False (default: None)
-        A robust rule (``aggregators``) over the clients' updates, unweighted, in place of
-        the mean, in every phase (``combine.RobustRule``). ``None``: the app's for this
-        algorithm: none, unless its ``defaults`` or ``defence`` name one (BR-FFGG, FFGG).
-        ``False``: no rule.
-    byzantine : int (default: ``robust-byzantine``)
-        f, the Byzantine clients per round the rule must tolerate: checked against the first
-        sample and every round's kept replies (``combine.RobustRule``).
+        A robust rule over the updates in place of the mean, in every phase
+        (``combine.RobustRule``); ``None``: the app's (BR-FFGG's, FFGG's); ``False``: none.
     clipping : AdaptiveClipping, None or False (default: None)
-        The default defence (``combine.AdaptiveClipping``): each update clipped into a ball
-        around a robust centre before the algorithm's mean. ``None``: the app's, adaptive
-        clipping unless a robust rule or differential privacy replaces it (beside the app's
-        own rule in the rounds too small for it, where its ``defence`` says so: FFGG).
-        ``False``: none.
-    max_update_norm : float (default: ``max-update-norm``)
-        ``K``: drop a training reply whose update is longer than ``K`` times the reference of
-        its kind, which starts at the model's scale and grows at most ``update_norm_growth``
-        per round (``bound.UpdateNormBound``); 0: off. Off under central DP, whose clip
-        replaces it.
-    update_norm_growth : float (default: ``update-norm-growth``)
-        ``g``: the reference grows by at most this factor per round.
+        The default defence (``combine.AdaptiveClipping``); ``None``: the app's (unless a rule
+        or DP replaces it; beside FFGG's rule in its small rounds); ``False``: none.
+    byzantine : int (default: ``robust-byzantine``)
+        f, the Byzantine clients per round the rule must tolerate (``combine.RobustRule``).
+    max_update_norm, update_norm_growth : float (default: ``max-update-norm``...)
+        ``K`` and ``g`` of the update-norm bound (``bound.UpdateNormBound``); K = 0: off.
     max_num_examples : int (default: ``max-num-examples``)
-        A reply's weight (its ``num-examples`` claim) is at most this; 0: at most 10 times the
-        lower median of the nodes' first claims (``bound.ClaimBound``). A claim is capped,
-        never a reason to drop; set it above every honest size to weigh each reply by its
-        claim (the papers' weights).
+        The absolute cap on a reply's weight; 0: 10 x the lower median of the nodes' first
+        claims (``bound.ClaimBound``). A claim is capped, never a reason to drop.
     max_failed_rounds : int (default: ``max-failed-rounds``)
-        Stop the run (``settle.RunFailed``, with the drop reasons) after this many
-        consecutive training rounds that applied no reply; 0: never.
-    algorithm : str or None (default: None)
-        The algorithm the clients must run, sent in the handshake (``algorithm`` in every
-        message's config); ``None``: any the class serves (``serves``). The app sets the run
-        config's.
-    settings_fingerprint : str (default: "")
-        A fingerprint of the client settings (``pflower.wire.settings_fingerprint``) sent in
-        the handshake; the app sends the run config's, a strategy built by hand none.
+        Stop after this many consecutive rounds that applied no reply (``settle``); 0: never.
+    algorithm, settings_fingerprint : str or None, str (default: None, "")
+        The handshake (``messages.handshake``): the algorithm the clients must run (``None``:
+        any the class ``serves``) and the fingerprint of their settings; the app sets both.
     min_available_nodes : int (default: 1)
         Wait until this many nodes are connected before sampling.
-    privacy : DPSettings or None (default: the ``dp-*`` keys: ``dp``, ``dp-clip``...)
-        User-level differential privacy of the shared updates (``privacy``): ``central``,
-        the clipped, noised mean over the sampled clients in every phase
-        (``combine.CentralDP``; a robust rule is refused with it); ``local``, the clients
-        clip and noise their updates. The accountant's epsilon is the metric ``dp-epsilon``.
+    privacy : DPSettings or None (default: the ``dp-*`` keys)
+        Differential privacy of the shared updates (``privacy``): ``central``, the clipped,
+        noised mean (``combine.CentralDP``); ``local``, each client noises its update.
     """
 
     #: the algorithms whose client halves a strategy built by hand serves (the handshake's
@@ -282,18 +189,21 @@ class PersonalizedStrategy(Strategy):
         min_available_nodes: int = 1,
         privacy: DPSettings | None = None,
     ) -> None:
-        check_ranges(locals())
+        if not 0 < fraction_train <= 1:
+            raise ValueError(f"fraction_train = {fraction_train}: must be in (0, 1]")
+        if reply_key not in (ARRAYS, DELTA, GRADIENT):
+            raise ValueError(f"reply_key = {reply_key!r}: must be 'arrays', 'delta' or 'gradient'")
         if pretrain_rounds and shared_names is None:
             raise ValueError("pretrain_rounds > 0 needs shared_names to split the model after it")
-        client_lr(lr, 1, 1, lr_schedule)  # validates the schedule name
-        self.fraction_train, self.fraction_evaluate = fraction_train, fraction_evaluate
-        self.evaluate_every, self.final_evaluate_fraction = evaluate_every, final_evaluate_fraction
-        self.max_in_flight, self.pull_interval = max_in_flight, pull_interval
-        self.reply_key, self.lr, self.lr_schedule = reply_key, lr, lr_schedule
-        self.lr_warmup_fraction, self.lr_halve_every = lr_warmup_fraction, lr_halve_every
+        self.fraction_train = fraction_train
+        self.evaluation = EvaluationPlan(fraction_evaluate, evaluate_every, final_evaluate_fraction)
+        self.exchange = Exchange(max_in_flight, pull_interval)
+        self.reply_key, self.pretrain_rounds = reply_key, pretrain_rounds
+        self.steps = ClientSchedule(
+            lr, lr_schedule, lr_warmup_fraction, lr_halve_every, pretrain_rounds, pretrain_lr
+        )
         app = self.app_settings()
         self.server_optimizer = server_optimizer or ServerOptimizer.of(app)  # the apply stage
-        self.pretrain_rounds, self.pretrain_lr = pretrain_rounds, pretrain_lr or lr
         self.shared_names = list(shared_names) if shared_names is not None else None
         self.byzantine = byzantine
         self.pipeline = pipelines.build(
@@ -397,7 +307,7 @@ class PersonalizedStrategy(Strategy):
                 f"num_rounds = {num_rounds} leaves no round after {self.pretrain_rounds} "
                 "pre-training rounds"
             )
-        self.refuse_other_lr(kwargs.get("train_config"))
+        self.steps.refuse_other(kwargs.get("train_config"), type(self).__name__)
         self.num_rounds = num_rounds
         self.history = []
         self.pipeline.settle.restart()
@@ -406,9 +316,7 @@ class PersonalizedStrategy(Strategy):
         resume = kwargs.pop("resume", None)  # a pflower.checkpoint.Checkpoint to continue
         if resume is not None:
             resume.restore(self)  # sampler, server optimizer, history, run tag... of round r
-        grid, kwargs["timeout"] = exchange(
-            grid, kwargs.get("timeout"), self.max_in_flight, self.pull_interval
-        )
+        grid, kwargs["timeout"] = self.exchange.wrap(grid, kwargs.get("timeout"))
         # as long as a round may take: a busy machine can start its nodes slowly
         self.nodes.learn_partitions(grid, timeout=kwargs.get("timeout") or 3600.0)
         if resume is not None:
@@ -419,32 +327,21 @@ class PersonalizedStrategy(Strategy):
             )
         return super().start(grid, initial_arrays, num_rounds=num_rounds, **kwargs)
 
-    def refuse_other_lr(self, train_config: Mapping | None) -> None:
-        """A ``train_config`` whose ``lr`` (Flower's quickstart sends one) is not this
-        strategy's ``lr``, which its schedule sends with every message in its place."""
-        sent = dict(train_config or {})
-        if LR in sent and float(sent[LR]) != self.lr:
-            raise ValueError(
-                f"train_config 'lr' = {sent[LR]}: {type(self).__name__} sends its own client "
-                f"lr (lr = {self.lr}, scheduled) with every message; pass lr={sent[LR]} to "
-                f"{type(self).__name__}(...)"
-            )
-
     def summary(self) -> None:
         log.info("\t├──> %s", type(self).__name__)
         log.info(
             "\t│\t├── fraction train %.2f | evaluate %.2f (every %d rounds, all in the last)",
             self.fraction_train,
-            self.fraction_evaluate,
-            self.evaluate_every,
+            self.evaluation.fraction,
+            self.evaluation.every,
         )
         if self.pretrain_rounds:
             log.info(
                 "\t│\t├── %d FedAvg pre-training rounds (client lr %g)",
                 self.pretrain_rounds,
-                self.pretrain_lr,
+                self.steps.pretrain_lr,
             )
-        log.info("\t│\t├── client lr %g (%s schedule)", self.lr, self.lr_schedule)
+        log.info("\t│\t├── client lr %g (%s schedule)", self.steps.lr, self.steps.schedule)
         log.info("\t│\t├── client sample %s", self.nodes.sample_line())
         log.info("\t│\t├── replies combined by %s", self.pipeline.combine.describe())
         log.info("\t│\t├── server optimizer %s", self.server_optimizer.describe())
@@ -468,17 +365,8 @@ class PersonalizedStrategy(Strategy):
         return self.schedule(server_round)
 
     def schedule(self, server_round: int) -> dict:
-        """The client step sizes of a round, sent with every message (train and evaluate):
-        the one road by which a client learns its learning rate."""
-        if self.pretraining(server_round):
-            return {LR: self.pretrain_lr}
-        t = server_round - self.pretrain_rounds
-        rounds = self.num_rounds - self.pretrain_rounds
-        lr = client_lr(
-            self.lr, t, rounds, self.lr_schedule, self.lr_warmup_fraction, self.lr_halve_every
-        )
-        # lr-scale: the schedule's factor, for clients with more than one learning rate
-        return {LR: lr, LR_SCALE: lr / self.lr}
+        """The client step sizes of a round (``server_opt.ClientSchedule``)."""
+        return self.steps(server_round, self.num_rounds)
 
     def _split_after_pretraining(self, arrays: ArrayRecord) -> ArrayRecord:
         """At the first round after pre-training: keep the shared part, set ``personal_init``."""
@@ -488,47 +376,26 @@ class PersonalizedStrategy(Strategy):
         self.personal_init = ArrayRecord({k: a for k, a in arrays.items() if k not in shared})
         return ArrayRecord({k: a for k, a in arrays.items() if k in shared})
 
-    def handshake(self) -> dict:
-        """What every message says about the server's run: the algorithms whose clients it
-        serves and, when built from a run config, the fingerprint of the settings its clients
-        must share."""
-        shake: dict = {ALGORITHM: list(self.serves)} if self.serves else {}
-        if self.settings_fingerprint:
-            shake[SETTINGS_FINGERPRINT] = self.settings_fingerprint
-        return shake
-
     def _messages(self, server_round, node_ids, arrays, config: dict, message_type: str):
-        phase = PRETRAIN if self.pretraining(server_round) else TRAIN
+        """The round's messages (``messages.round_messages``), kept to match the replies."""
+        train, pretraining = message_type == MessageType.TRAIN, self.pretraining(server_round)
         config = {
             **config,
-            **self.handshake(),
+            **handshake(self.serves, self.settings_fingerprint),
             SERVER_ROUND: server_round,
-            PHASE: phase,
+            PHASE: PRETRAIN if pretraining else TRAIN,
             RUN_TAG: self.run_tag,
         }
-
-        def content_with(config: dict) -> RecordDict:
-            content = RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(config)})
-            if self.personal_init is not None:
-                content[PERSONAL_INIT] = self.personal_init
-            if message_type == MessageType.TRAIN and not self.pretraining(server_round):
-                for key, record in self.extra_content(server_round).items():
-                    content[key] = record
-            return content
-
-        content = content_with(config)
-        # nodes whose replies keep being dropped for their values start from their init
-        train = message_type == MessageType.TRAIN
-        reset = self.pipeline.settle.reset_nodes() if train else set()
-        reset_content = content_with({**config, PERSONAL_RESET: True}) if reset else None
-        self._out = [
-            Message(
-                content=reset_content if n in reset else content,
-                message_type=message_type,
-                dst_node_id=n,
-            )
-            for n in node_ids
-        ]
+        self._out = round_messages(
+            node_ids,
+            arrays,
+            config,
+            message_type,
+            personal_init=self.personal_init,
+            extra=self.extra_content(server_round) if train and not pretraining else {},
+            # nodes whose replies keep being dropped for their values start from their init
+            reset=self.pipeline.settle.reset_nodes() if train else set(),
+        )
         return self._out
 
     def extra_content(self, server_round: int) -> dict[str, ArrayRecord]:
@@ -559,7 +426,7 @@ class PersonalizedStrategy(Strategy):
         return self._messages(server_round, nodes, arrays, settings, MessageType.TRAIN)
 
     def should_evaluate(self, server_round: int) -> bool:
-        return server_round == self.num_rounds or server_round % self.evaluate_every == 0
+        return self.evaluation.due(server_round, self.num_rounds)
 
     def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
         self._out = []
@@ -567,22 +434,10 @@ class PersonalizedStrategy(Strategy):
             return []
         if not self.pretraining(server_round):
             arrays = self._split_after_pretraining(arrays)
+        nodes = self.evaluation.sample(self.nodes, grid, server_round, self.num_rounds)
         final = server_round == self.num_rounds
-        if final:
-            fraction = self.final_fraction(len(list(grid.get_node_ids())))
-            nodes = self.nodes.sample(grid, fraction, everyone=fraction == 1.0)
-        else:
-            nodes = self.nodes.sample(grid, self.fraction_evaluate)
         settings = {**dict(config), **self.schedule(server_round), FINAL: final}
         return self._messages(server_round, nodes, arrays, settings, MessageType.EVALUATE)
-
-    def final_fraction(self, num_nodes: int) -> float:
-        """The share of nodes the final round evaluates (``final_evaluate_fraction``)."""
-        if self.final_evaluate_fraction:
-            return self.final_evaluate_fraction
-        if num_nodes <= FINAL_EVALUATE_ALL:
-            return 1.0
-        return max(FINAL_EVALUATE_ALL, round(0.1 * num_nodes)) / num_nodes
 
     # --- aggregation ------------------------------------------------------------------------
     def open_round(self, server_round: int, sent: Mapping[str, int] | None = None) -> Round:
@@ -635,13 +490,10 @@ class PersonalizedStrategy(Strategy):
         center: Mapping[str, np.ndarray] | None = None,
         kind: str | None = None,
     ) -> dict[str, np.ndarray]:
-        """The round's update vectors (``vectors``, or ``center - vectors[i]`` for returned
-        weights) through the combine stage (``combine``: the mean, the clipped mean, the
-        robust rule with its f, or central DP's noised mean), in float64; ``kind``: the
-        vectors' record where they are not the replies' updates (Scaffold's control
-        deltas). Raises ``RoundSkipped`` where the rule cannot tolerate the round's f."""
-        # outside a round (an algorithm's step tried alone): a round of this phase, nobody asked
-        rnd = self._round or Round(0, reply_key=self.reply_key, kind=self.reply_key)
+        """The round's update vectors (``vectors``, or ``center - vectors[i]``) through the
+        combine stage in float64 (``combine``; ``kind``: their record where they are not the
+        replies' updates). Raises ``RoundSkipped`` where the rule cannot tolerate the f."""
+        rnd = self._round or Round(0, reply_key=self.reply_key, kind=self.reply_key)  # alone
         return self.pipeline.combine(rnd, vectors, weights, center, kind)
 
     def average_weights(
@@ -650,10 +502,9 @@ class PersonalizedStrategy(Strategy):
         updates: list[ClientUpdate],
         weighted: bool = True,
     ) -> dict[str, np.ndarray]:
-        """Mean of returned weights (data-size weighted, or uniform with ``weighted`` False),
-        applied through the server optimizer as the pseudo-gradient ``current - mean`` (SGD
-        with lr 1 gives the mean: FedAvg). The mean is taken over the updates
-        ``current - w_i`` (the same thing), so a robust rule sees updates, not raw weights."""
+        """Mean of returned weights (data-size weighted, or uniform), applied by the server
+        optimizer as the pseudo-gradient ``current - mean`` (SGD at lr 1: FedAvg): combined
+        as the updates ``current - w_i``, so a robust rule sees updates, not raw weights."""
         weights = [u.num_examples if weighted else 1.0 for u in updates]
         tensors = [u.tensors for u in updates]
         return self.server_optimizer.step(current, self.combine(tensors, weights, current))
@@ -704,7 +555,6 @@ class PersonalizedStrategy(Strategy):
             metrics.update(applied=0, skipped=1)
         applied = len(updates) if new is not None else 0
         if applied:
-            self.pipeline.settle(rnd, applied)
             metrics.update(self.round_metrics(updates))
             metrics.update(self.pipeline.combine.round_metrics(rnd))  # replies clipped
         if self.central_dp and new is not None:  # a release: the noised mean of the sample
@@ -712,17 +562,14 @@ class PersonalizedStrategy(Strategy):
         if self.privacy is not None:
             metrics.update(self.privacy.metrics())
         entry.train = metrics
-        if not applied:
-            self.pipeline.settle(rnd, 0)
+        self.pipeline.settle(rnd, applied)  # resets, and the run stopped after failed rounds
         if new is None:
             return self._current, MetricRecord(metrics)
         # np.asarray, not np.ascontiguousarray: that one turns a 0-dim array into shape (1,),
         # which the clients then refuse as a layout they do not hold; to_array: the .npy
         # bytes of Array(ndarray), the values copied once
-        dtypes = {k: a.dtype for k, a in rnd.current.items()}
-        return to_record({k: np.asarray(v, dtype=dtypes[k]) for k, v in new.items()}), MetricRecord(
-            metrics
-        )
+        arrays = {k: np.asarray(v, dtype=rnd.current[k].dtype) for k, v in new.items()}
+        return to_record(arrays), MetricRecord(metrics)
 
     def _step(self, rnd: Round, updates: list[ClientUpdate]) -> dict[str, np.ndarray]:
         """The algorithm's step on the round's updates; under central DP, a round that kept

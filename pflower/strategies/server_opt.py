@@ -1,4 +1,5 @@
-"""Server optimizers on pseudo-gradients, and client learning-rate schedules.
+"""Server optimizers on pseudo-gradients (the reply pipeline's apply stage), and the client
+learning-rate schedule.
 
 A strategy that receives new weights forms the **pseudo-gradient** ``Delta = u(t) - u_bar``
 (current shared parameters minus the clients' weighted mean) and hands it to a server
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from pflower.settings import LR_SCHEDULES, SERVER_OPTIMIZERS, RunSettings
+from pflower.wire import LR, LR_SCALE
 
 
 class ServerOptimizer:
@@ -146,3 +148,64 @@ def client_lr(
             return base_lr * (t + 1) / warmup
         return base_lr * max(0.0, (num_rounds - t) / max(1, num_rounds - warmup))
     raise ValueError(f"lr schedule {schedule!r}: must be one of {LR_SCHEDULES}")
+
+
+class ClientSchedule:
+    """The client step sizes of every round, sent with every message (train and evaluate):
+    the one road by which a client learns its learning rate. A pre-training round (the first
+    ``pretrain_rounds``) takes ``pretrain_lr``; the t-th of the algorithm's T rounds
+    ``client_lr(lr, t, T, schedule, ...)`` and ``lr-scale``, the schedule's factor (for
+    clients with more than one learning rate).
+
+    Parameters
+    ----------
+    lr : float
+        The client learning rate.
+    schedule : str (default: "constant")
+        ``constant``, ``linear`` or ``exponential`` (``client_lr``).
+    warmup_fraction : float (default: 0.1)
+        The ``linear`` schedule's warm-up share of the rounds.
+    halve_every : int (default: 500)
+        The ``exponential`` schedule's rounds between halvings.
+    pretrain_rounds : int (default: 0)
+        FedAvg pre-training rounds before the algorithm's.
+    pretrain_lr : float or None (default: None)
+        Their client lr (``None`` or 0: ``lr``).
+    """
+
+    def __init__(
+        self,
+        lr: float,
+        schedule: str = "constant",
+        warmup_fraction: float = 0.1,
+        halve_every: int = 500,
+        pretrain_rounds: int = 0,
+        pretrain_lr: float | None = None,
+    ) -> None:
+        if not lr > 0:
+            raise ValueError(f"lr = {lr}: must be > 0")
+        if pretrain_rounds < 0:
+            raise ValueError(f"pretrain_rounds = {pretrain_rounds}: must be >= 0")
+        client_lr(lr, 1, 1, schedule)  # validates the schedule's name
+        self.lr, self.schedule = lr, schedule
+        self.warmup_fraction, self.halve_every = warmup_fraction, halve_every
+        self.pretrain_rounds, self.pretrain_lr = pretrain_rounds, pretrain_lr or lr
+
+    def __call__(self, server_round: int, num_rounds: int) -> dict[str, float]:
+        """The step sizes of round ``server_round`` of ``num_rounds`` (pre-training counted)."""
+        if server_round <= self.pretrain_rounds:
+            return {LR: self.pretrain_lr}
+        t, rounds = server_round - self.pretrain_rounds, num_rounds - self.pretrain_rounds
+        lr = client_lr(self.lr, t, rounds, self.schedule, self.warmup_fraction, self.halve_every)
+        return {LR: lr, LR_SCALE: lr / self.lr}
+
+    def refuse_other(self, train_config: Mapping | None, owner: str) -> None:
+        """A ``train_config`` whose ``lr`` (Flower's quickstart sends one) is not this
+        schedule's, which goes with every message in its place."""
+        sent = dict(train_config or {})
+        if LR in sent and float(sent[LR]) != self.lr:
+            raise ValueError(
+                f"train_config 'lr' = {sent[LR]}: {owner} sends its own client lr (lr = "
+                f"{self.lr}, scheduled) with every message; pass lr={sent[LR]} to {owner}(...)"
+            )
+
