@@ -11,13 +11,19 @@ from typing import get_args
 
 import pytest
 
+import pflower.strategies as strategies
 from pflower.config import Config
 from pflower.strategies import ALGORITHMS
 
 PKG = Path(__file__).parents[1] / "pflower"
 #: the modules of experiments: what the production path never imports
 EXPERIMENT = ("pflower.testbed", "pflower.experiment")
-ALGORITHM_FILES = {"fedavg", "fedalt", "ffgg", "async_ffgg", "scaffold", "l2gd", "pflego", "apfl"}
+#: the package's algorithm files: the modules the registry collected registrations from
+ALGORITHM_FILES = {
+    m.__name__.rsplit(".", 1)[1]
+    for m in strategies.algorithm_modules()
+    if m.__name__.startswith("pflower.strategies.")
+}
 SHARED = [
     "settings.py",
     "config.py",

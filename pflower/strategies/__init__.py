@@ -3,25 +3,26 @@
 Public API: import a strategy into your own Flower ServerApp, e.g.
 ``from pflower.strategies import FedAvg``. ``ALGORITHMS`` maps each ``algorithm`` name of
 the run config to its registration (``registry.Algorithm``: strategy, client half, which
-parameters cross the wire, defaults); each algorithm's file declares its own entries and
-this module only collects them.
+parameters cross the wire, settings); each algorithm's file declares its own entries
+(``ALGORITHMS`` in the file) and this module only collects them: every module of this
+package that has them, in the order of the files' names, then every module an installed
+package names in the entry-point group ``pflower.algorithms`` (an algorithm of your own for
+pflower's app: its keys must be in the app's ``[tool.flwr.app.config]`` too). The console
+(``pflower algorithms``), the run config, the docs' key reference and the tests all read it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib
+import pkgutil
+import textwrap
+from collections.abc import Iterable, Sequence
+from importlib.metadata import entry_points
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from torch import nn
 
-from pflower.strategies import apfl as _apfl
-from pflower.strategies import async_ffgg as _async_ffgg
-from pflower.strategies import fedalt as _fedalt
-from pflower.strategies import fedavg as _fedavg
-from pflower.strategies import ffgg as _ffgg
-from pflower.strategies import l2gd as _l2gd
-from pflower.strategies import pflego as _pflego
-from pflower.strategies import scaffold as _scaffold
 from pflower.strategies.apfl import APFL, APFLClient
 from pflower.strategies.async_ffgg import AsyncFFGG
 from pflower.strategies.client import ClientHalf, ClientJob, measured
@@ -61,13 +62,38 @@ from pflower.wire import ClientUpdate, settings_fingerprint
 if TYPE_CHECKING:
     from pflower.settings import RunSettings
 
-#: every algorithm of the app, each declared (strategy, client half, wire split, settings,
-#: defaults) in its own file; ``pflower.config.Config`` composes their settings
-ALGORITHMS: dict[str, Algorithm] = {
-    name: entry
-    for module in (_fedavg, _fedalt, _ffgg, _scaffold, _l2gd, _pflego, _apfl, _async_ffgg)
-    for name, entry in module.ALGORITHMS.items()
-}
+#: the entry-point group under which an installed package names its algorithm modules
+ENTRY_POINTS = "pflower.algorithms"
+
+
+def algorithm_modules() -> Iterable[ModuleType]:
+    """This package's modules that declare ``ALGORITHMS`` (by file name), then the modules
+    the installed packages name in ``ENTRY_POINTS``."""
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        if hasattr(module, "ALGORITHMS"):
+            yield module
+    for point in sorted(entry_points(group=ENTRY_POINTS), key=lambda p: p.name):
+        yield point.load()
+
+
+def collect(modules: Iterable[ModuleType]) -> dict[str, Algorithm]:
+    """Every registration of ``modules``; a name registered twice is refused, by both."""
+    found: dict[str, Algorithm] = {}
+    for module in modules:
+        for name, entry in module.ALGORITHMS.items():
+            if name in found:
+                raise ValueError(
+                    f"algorithm {name!r} registered twice: by {found[name].strategy.__module__} "
+                    f"and by {module.__name__}"
+                )
+            found[name] = entry
+    return found
+
+
+#: every algorithm of the app, each declared in its own file; ``pflower.config.Config``
+#: composes their settings
+ALGORITHMS: dict[str, Algorithm] = collect(algorithm_modules())
 
 
 def get_algorithm(name: str) -> Algorithm:
@@ -116,7 +142,25 @@ def make_strategy(cfg: RunSettings, shared_names=None) -> PersonalizedStrategy:
     """The strategy of ``cfg.algorithm`` with the run config's settings.
 
     ``shared_names`` (the wire split's shared parameters) is needed with pre-training."""
-    return get_algorithm(cfg.algorithm).strategy(cfg, **strategy_kwargs(cfg, shared_names))
+    strategy = get_algorithm(cfg.algorithm).strategy
+    return strategy.from_config(cfg, **strategy_kwargs(cfg, shared_names))
+
+
+def list_algorithms(argv: Sequence[str] = ()) -> int:
+    """``pflower algorithms``: every registered algorithm (the value of the run-config key
+    ``algorithm``), its strategy, what crosses the wire and its own keys."""
+    if argv:
+        print("usage: pflower algorithms   (the registered algorithms and their keys)")
+        return 0 if argv[0] in ("-h", "--help") else 2
+    for name, entry in ALGORITHMS.items():
+        paragraph = " ".join((entry.strategy.__doc__ or "").strip().split("\n\n")[0].split())
+        keys = [f.alias or n for s in entry.settings for n, f in s.model_fields.items()]
+        where = f"{entry.strategy.__module__}.{entry.strategy.__name__}"
+        wrap = {"initial_indent": "  ", "subsequent_indent": "  ", "break_on_hyphens": False}
+        print(name)
+        print(textwrap.fill(f"{where}: {paragraph}", 96, **wrap))
+        print(textwrap.fill(f"keys: {', '.join(keys) or 'none of its own'}", 96, **wrap))
+    return 0
 
 
 def wire_split(model: nn.Module, cfg: RunSettings) -> Split:
@@ -162,6 +206,7 @@ __all__ = [
     "Scaffold",
     "ScaffoldClient",
     "get_algorithm",
+    "list_algorithms",
     "make_strategy",
     "strategy_kwargs",
     "measured",

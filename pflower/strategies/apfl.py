@@ -202,6 +202,12 @@ class APFL(PersonalizedStrategy):
         super().__init__(**kwargs)
         self.weighted = weighted
 
+    @classmethod
+    def from_config(cls, cfg: RunConfig, **settings) -> APFL:
+        if cfg.apfl_mixing == "parameters":
+            refuse_batchnorm(cfg, build_run_model(cfg))
+        return cls(weighted=cfg.apfl_weighting == "num-examples", **settings)
+
     def aggregate(
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
@@ -451,16 +457,10 @@ def refuse_batchnorm(cfg: RunConfig, model: nn.Module) -> None:
         )
 
 
-def apfl_strategy(cfg: RunConfig, **kwargs) -> APFL:
-    if cfg.apfl_mixing == "parameters":
-        refuse_batchnorm(cfg, build_run_model(cfg))
-    return APFL(weighted=cfg.apfl_weighting == "num-examples", **kwargs)
-
-
 #: this file's algorithm: APFL sends the whole global copy w; v and alpha (a whole model)
 #: stay on the client
 ALGORITHMS = {
     "apfl": Algorithm(
-        apfl_strategy, APFLClient(), "none", "full", settings=(APFLSettings,), numpy_client=True
+        APFL, APFLClient(), "none", "full", settings=(APFLSettings,), numpy_client=True
     )
 }

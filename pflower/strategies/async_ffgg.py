@@ -337,6 +337,22 @@ class AsyncFFGG(FFGG):
         self._failing: set[int] = set()  # nodes failed since the last update or failed round
         self._first_scale: float | None = None  # S_1 of the provisional clip
 
+    @classmethod
+    def from_config(cls, cfg: RunConfig, **settings) -> AsyncFFGG:
+        return cls(
+            weighted=cfg.ffgg_weighting == "num-examples",
+            concurrency=cfg.async_concurrency,
+            max_updates=cfg.async_updates,
+            max_staleness=cfg.async_max_staleness,
+            staleness_power=cfg.async_staleness_power,
+            time_budget=cfg.async_time_budget_s,
+            evaluate_every_updates=cfg.async_evaluate_every,
+            client_timeout=cfg.async_client_timeout_s,
+            max_share=cfg.async_max_share,
+            clip_factor=cfg.async_clip_factor,
+            **settings,
+        )
+
     def summary(self) -> None:
         super().summary()
         log.info(
@@ -561,28 +577,7 @@ class AsyncFFGG(FFGG):
             self.record_server_metrics(version, dict(metrics))
 
 
-def async_ffgg_strategy(cfg: RunConfig, **kwargs) -> AsyncFFGG:
-    return AsyncFFGG(
-        weighted=cfg.ffgg_weighting == "num-examples",
-        concurrency=cfg.async_concurrency,
-        max_updates=cfg.async_updates,
-        max_staleness=cfg.async_max_staleness,
-        staleness_power=cfg.async_staleness_power,
-        time_budget=cfg.async_time_budget_s,
-        evaluate_every_updates=cfg.async_evaluate_every,
-        client_timeout=cfg.async_client_timeout_s,
-        max_share=cfg.async_max_share,
-        clip_factor=cfg.async_clip_factor,
-        **kwargs,
-    )
-
-
 #: this file's algorithm (Alg. 3): FFGG's clients, a server loop applying each gradient
 ALGORITHMS = {
-    "async-ffgg": Algorithm(
-        async_ffgg_strategy,
-        FFGGClient(),
-        defaults=ASYNC_FFGG_DEFAULTS,
-        settings=(FFGGSettings, AsyncFFGGSettings),
-    )
+    "async-ffgg": Algorithm(AsyncFFGG, FFGGClient(), settings=(FFGGSettings, AsyncFFGGSettings))
 }

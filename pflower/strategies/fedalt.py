@@ -123,6 +123,10 @@ class FedAlt(PersonalizedStrategy):
         super().__init__(**kwargs)
         self.weighted = weighted
 
+    @classmethod
+    def from_config(cls, cfg: RunConfig, **settings) -> FedAlt:
+        return cls(weighted=cfg.fedalt_weighting == "num-examples", **settings)
+
     def aggregate(
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
@@ -211,27 +215,11 @@ class FedSimClient(_PartialClient):
         return job.shared_record(), train_metrics(job, result)
 
 
-def fedalt_strategy(cfg: RunConfig, **kwargs) -> FedAlt:
-    return FedAlt(weighted=cfg.fedalt_weighting == "num-examples", **kwargs)
-
-
-def fedsim_strategy(cfg: RunConfig, **kwargs) -> FedSim:
-    return FedSim(weighted=cfg.fedalt_weighting == "num-examples", **kwargs)
-
-
 #: this file's algorithms; ``fedrep`` / ``fedper`` are the literature's names for FedAlt /
 #: FedSim with the head split (the config enforces it)
 ALGORITHMS = {
-    "fedalt": Algorithm(
-        fedalt_strategy, FedAltClient(), settings=(FedAltSettings,), numpy_client=True
-    ),
-    "fedsim": Algorithm(
-        fedsim_strategy, FedSimClient(), settings=(FedAltSettings,), numpy_client=True
-    ),
-    "fedrep": Algorithm(
-        fedalt_strategy, FedAltClient(), settings=(FedAltSettings,), numpy_client=True
-    ),
-    "fedper": Algorithm(
-        fedsim_strategy, FedSimClient(), settings=(FedAltSettings,), numpy_client=True
-    ),
+    "fedalt": Algorithm(FedAlt, FedAltClient(), settings=(FedAltSettings,), numpy_client=True),
+    "fedsim": Algorithm(FedSim, FedSimClient(), settings=(FedAltSettings,), numpy_client=True),
+    "fedrep": Algorithm(FedAlt, FedAltClient(), settings=(FedAltSettings,), numpy_client=True),
+    "fedper": Algorithm(FedSim, FedSimClient(), settings=(FedAltSettings,), numpy_client=True),
 }

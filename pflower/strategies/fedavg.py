@@ -31,7 +31,7 @@ from pflower.task.split import make_split
 from pflower.wire import ClientUpdate
 
 if TYPE_CHECKING:
-    from pflower.settings import RunSettings
+    pass
 
 
 class FedAvg(PersonalizedStrategy):
@@ -128,20 +128,10 @@ class LocalClient(ClientHalf):
         job.restore_personal()
 
 
-def fedavg_strategy(cfg: RunSettings, **kwargs) -> FedAvg:
-    return FedAvg(**kwargs)
-
-
-def local_strategy(cfg: RunSettings, **kwargs) -> Local:
-    return Local(**kwargs)
-
-
 #: this file's algorithms, as the app and the config know them
 ALGORITHMS = {
-    "fedavg": Algorithm(fedavg_strategy, FedAvgClient(), "none", "none", numpy_client=True),
-    "fedavg-ft": Algorithm(
-        fedavg_strategy, FedAvgFineTuneClient(), "none", "config", numpy_client=True
-    ),
-    "local": Algorithm(local_strategy, LocalClient(), "full", "full"),
-    "local-gd": Algorithm(fedavg_strategy, LocalGDClient(), "none", "none", numpy_client=True),
+    "fedavg": Algorithm(FedAvg, FedAvgClient(), "none", "none", numpy_client=True),
+    "fedavg-ft": Algorithm(FedAvg, FedAvgFineTuneClient(), "none", "config", numpy_client=True),
+    "local": Algorithm(Local, LocalClient(), "full", "full"),
+    "local-gd": Algorithm(FedAvg, LocalGDClient(), "none", "none", numpy_client=True),
 }

@@ -180,6 +180,10 @@ class _GradientStrategy(PersonalizedStrategy):
         super().__init__(**kwargs)
         self.weighted = weighted
 
+    @classmethod
+    def from_config(cls, cfg: RunConfig, **settings) -> _GradientStrategy:
+        return cls(weighted=cfg.ffgg_weighting == "num-examples", **settings)
+
     def aggregate(
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
     ) -> dict[str, np.ndarray]:
@@ -407,23 +411,9 @@ class BRFFGG(FFGG):
     defence = {}
 
 
-def ffgg_strategy(cfg: RunConfig, **kwargs) -> FFGG:
-    return FFGG(weighted=cfg.ffgg_weighting == "num-examples", **kwargs)
-
-
-def br_ffgg_strategy(cfg: RunConfig, **kwargs) -> BRFFGG:
-    return BRFFGG(weighted=cfg.ffgg_weighting == "num-examples", **kwargs)
-
-
-def local_ffgg_strategy(cfg: RunConfig, **kwargs) -> LocalFFGG:
-    return LocalFFGG(weighted=cfg.ffgg_weighting == "num-examples", **kwargs)
-
-
 #: this file's algorithms
 ALGORITHMS = {
-    "ffgg": Algorithm(ffgg_strategy, FFGGClient(), defence=FFGG_DEFENCE, settings=(FFGGSettings,)),
-    "local-ffgg": Algorithm(local_ffgg_strategy, LocalFFGGClient(), settings=(FFGGSettings,)),
-    "br-ffgg": Algorithm(
-        br_ffgg_strategy, FFGGClient(), defaults=BR_FFGG_DEFAULTS, settings=(FFGGSettings,)
-    ),
+    "ffgg": Algorithm(FFGG, FFGGClient(), settings=(FFGGSettings,)),
+    "local-ffgg": Algorithm(LocalFFGG, LocalFFGGClient(), settings=(FFGGSettings,)),
+    "br-ffgg": Algorithm(BRFFGG, FFGGClient(), settings=(FFGGSettings,)),
 }

@@ -122,6 +122,10 @@ class L2GD(PersonalizedStrategy):
     #: coins still to flip and the iteration count
     checkpoint_attributes = ("coins", "iterations", "_pending_average")
 
+    @classmethod
+    def from_config(cls, cfg: RunConfig, **settings) -> L2GD:
+        return cls(lam=cfg.l2gd_lambda, p=cfg.effective_l2gd_p, **settings)
+
     def __init__(
         self,
         *,
@@ -243,14 +247,6 @@ class L2GDClient(ClientHalf):
             splits.set_tensors(job.model, stored)
 
 
-def l2gd_strategy(cfg: RunConfig, **kwargs) -> L2GD:
-    return L2GD(lam=cfg.l2gd_lambda, p=cfg.effective_l2gd_p, **kwargs)
-
-
 #: this file's algorithm: L2GD averages whole local models, so all of x_m crosses the wire
 #: and all of it is personal
-ALGORITHMS = {
-    "l2gd": Algorithm(
-        l2gd_strategy, L2GDClient(), "none", "full", L2GD_DEFAULTS, settings=(L2GDSettings,)
-    )
-}
+ALGORITHMS = {"l2gd": Algorithm(L2GD, L2GDClient(), "none", "full", settings=(L2GDSettings,))}

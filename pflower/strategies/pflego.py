@@ -222,6 +222,18 @@ class PFLEGO(PersonalizedStrategy):
     serves = ("pflego",)
     defaults = PFLEGO_DEFAULTS
 
+    @classmethod
+    def from_config(cls, cfg: RunConfig, **settings) -> PFLEGO:
+        if cfg.effective_task != "classification" or cfg.loss not in ("auto", "cross-entropy"):
+            raise ValueError(
+                f"key 'loss' = {cfg.loss!r}, 'task' = {cfg.effective_task!r}: PFLEGO's "
+                "closed-form head steps are those of a softmax head under cross-entropy "
+                "(classification)"
+            )
+        model = build_run_model(cfg)
+        head_module(model, split_by_rule(model, cfg, "config").personal)  # other splits refused
+        return cls(alpha=cfg.pflego_alpha, freeze_body=cfg.pflego_freeze_body, **settings)
+
     def __init__(
         self,
         *,
@@ -262,9 +274,7 @@ class PFLEGO(PersonalizedStrategy):
         node's claim of 1e12 scaled every honest alpha_i by ~1e-10."""
         known = self.nodes.num_train_of
         cap = self.pipeline.bound.claims.cap(known)
-        return float(
-            sum(min(n, cap) for node, n in known.items() if node not in self.held)
-        )
+        return float(sum(min(n, cap) for node, n in known.items() if node not in self.held))
 
     def aggregate(
         self, server_round: int, current: dict[str, np.ndarray], updates: list[ClientUpdate]
@@ -392,21 +402,5 @@ class PFLEGOClient(ClientHalf):
             self.new_client(job)
 
 
-def pflego_strategy(cfg: RunConfig, **kwargs) -> PFLEGO:
-    if cfg.effective_task != "classification" or cfg.loss not in ("auto", "cross-entropy"):
-        raise ValueError(
-            f"key 'loss' = {cfg.loss!r}, 'task' = {cfg.effective_task!r}: PFLEGO's closed-form "
-            "head steps are those of a softmax head under cross-entropy (classification)"
-        )
-    model = build_run_model(cfg)
-    split = split_by_rule(model, cfg, ALGORITHMS["pflego"].wire_split)
-    head_module(model, split.personal)  # refuse other splits at start
-    return PFLEGO(alpha=cfg.pflego_alpha, freeze_body=cfg.pflego_freeze_body, **kwargs)
-
-
 #: this file's algorithm
-ALGORITHMS = {
-    "pflego": Algorithm(
-        pflego_strategy, PFLEGOClient(), defaults=PFLEGO_DEFAULTS, settings=(PFLEGOSettings,)
-    )
-}
+ALGORITHMS = {"pflego": Algorithm(PFLEGO, PFLEGOClient(), settings=(PFLEGOSettings,))}

@@ -5,8 +5,8 @@ of the layers with ``pflower.settings``: it imports no algorithm and no strategy
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pflower.settings import Settings
@@ -19,27 +19,35 @@ if TYPE_CHECKING:
 class Algorithm:
     """An algorithm of the app: how to build its strategy, its client half, its wire split.
 
-    ``strategy(cfg, **base_settings)`` builds the server half from the run config.
+    ``strategy``: the server half's class; ``strategy.from_config(cfg, **base_settings)``
+    builds it from the run config, and its class attributes ``defaults`` (the values this
+    algorithm uses for run-config keys left at ``auto``, ``settings.AUTO``) and ``defence``
+    (its default defence where it is not adaptive clipping) are the registration's.
     ``wire_split``: ``"config"`` uses the run config's ``split`` (the personal part stays
     on the client); ``"none"`` shares every parameter (FedAvg); ``"full"`` shares none
     (local training). ``personal_split``: the split whose personal part the personalized
-    model adapts (differs from the wire split for FedAvg + fine-tuning). ``defaults``: the
-    values this algorithm uses for run-config keys left at ``auto`` (``settings.AUTO``).
-    ``settings``: its own keys (``settings.Settings`` subclasses), composed into ``Config``.
+    model adapts (differs from the wire split for FedAvg + fine-tuning). ``settings``: its
+    own keys (``settings.Settings`` subclasses), composed into ``Config``.
     ``numpy_client``: whether ``pflower.numpy_client`` can run its client half.
     """
 
-    strategy: Callable[..., Any]
+    strategy: type
     client: ClientHalf
     wire_split: str = "config"
     personal_split: str = "config"
-    defaults: Mapping[str, Any] = field(default_factory=dict)
-    #: its default defence where it is not adaptive clipping: values for the robust keys
-    #: left at ``auto``, taken only in runs that leave ``robust-aggregator`` at ``auto`` and
-    #: have no differential privacy (whose clipping is the defence there;
-    #: ``settings.RunSettings.resolved``)
-    defence: Mapping[str, Any] = field(default_factory=dict)
     settings: tuple[type[Settings], ...] = ()
     #: whether its client half runs behind ``PersonalizedNumPyClient`` (one ``arrays`` reply
     #: in the user's own split)
     numpy_client: bool = False
+
+    @property
+    def defaults(self) -> Mapping[str, Any]:
+        """The values this algorithm uses for run-config keys left at ``auto``."""
+        return self.strategy.defaults
+
+    @property
+    def defence(self) -> Mapping[str, Any]:
+        """Its default defence where it is not adaptive clipping: values for the robust keys
+        left at ``auto``, taken only in runs that leave ``robust-aggregator`` at ``auto`` and
+        have no differential privacy (``settings.RunSettings.resolved``)."""
+        return self.strategy.defence

@@ -168,13 +168,7 @@ class ScaffoldClient(FedAvgClient):
         return records, train_metrics(job, result)
 
 
-def scaffold_strategy(cfg: RunConfig, **kwargs) -> Scaffold:
-    return Scaffold(**kwargs)
-
-
 #: this file's algorithm: non-personalized, every parameter crosses the wire
 ALGORITHMS = {
-    "scaffold": Algorithm(
-        scaffold_strategy, ScaffoldClient(), "none", "none", settings=(ScaffoldSettings,)
-    )
+    "scaffold": Algorithm(Scaffold, ScaffoldClient(), "none", "none", settings=(ScaffoldSettings,))
 }
