@@ -1018,13 +1018,9 @@ class RunSettings(Settings):
         rule = self.robust_aggregator
         if rule == "auto" and self.algorithm in self.algorithms:  # the algorithm's own rule
             rule = self.algorithms[self.algorithm].defaults.get("robust_aggregator", "none")
-        if self.dp == "central" and rule not in ("none", "auto"):
-            raise ConfigError(
-                f"key 'robust-aggregator' = {rule!r} with dp = 'central': the "
-                "noise is calibrated to the mean's sensitivity, which a robust rule does not "
-                "have; use dp = 'local' (the rule then only post-processes noised updates) or "
-                "robust-aggregator = 'none'"
-            )
+        problem = modes_problem(self.dp == "central", rule not in ("none", "auto"), False)
+        if problem:
+            raise ConfigError(f"key 'robust-aggregator' = {rule!r} with dp = 'central': {problem}")
         if self.dp == "local" and self.dp_sampling == "poisson":
             raise ConfigError(
                 "key 'dp-sampling' = 'poisson' with dp = 'local': local DP is accounted per "
@@ -1174,6 +1170,22 @@ class RunSettings(Settings):
             and name not in mine
             and getattr(self, name) != info.default
         }
+
+
+def modes_problem(central_dp: bool, rule: bool, clip: bool) -> str:
+    """Why the reply pipeline's combine modes do not compose ('' if they do): the one rule of
+    their composition, which the run config's check and the pipeline's builder
+    (``strategies.pipeline.build``) both apply. Central DP calibrates its noise to the mean's
+    sensitivity, one clipped reply: a robust rule has no such sensitivity, and its or the
+    default defence's statistics across replies would decide one reply by the others."""
+    if central_dp and (rule or clip):
+        return (
+            "central DP's noise is calibrated to the mean's sensitivity, which a robust rule "
+            "does not have, and the statistics of a rule or of the default defence's clip "
+            "across replies would decide one reply by the others; use dp = 'local' (the rule "
+            "then only post-processes noised updates) or robust-aggregator = 'none'"
+        )
+    return ""
 
 
 def dp_adaptive_problem(noise: float, stddev: float, sample: float | None = None) -> str:

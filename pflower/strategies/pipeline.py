@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Literal
 
 from flwr.app import Message
 
-from pflower.settings import RunSettings
+from pflower.settings import RunSettings, modes_problem
 from pflower.strategies.admit import Admit
 from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.bound import Bound
@@ -215,13 +215,9 @@ def build(
         beside = given is None and app.robust_small_rounds == "clip"
         clipping = adaptive_clipping(app) if (rule is None or beside) and not privacy.on else False
     clip = clipping or None
-    if central and (rule is not None or clip is not None):
-        raise ValueError(
-            "privacy mode 'central' with a robust rule or the default defence's clipping: "
-            "the noise is calibrated to the mean's sensitivity, and their statistics across "
-            "replies would decide one reply by the others; use local DP with a robust rule, "
-            "or no rule"
-        )
+    problem = modes_problem(central, rule is not None, clip is not None)
+    if problem:
+        raise ValueError(f"privacy mode 'central' with a robust rule or clipping: {problem}")
     if central:
         combine: Combine = CentralDP(mechanism, byzantine)
     elif rule is not None:
