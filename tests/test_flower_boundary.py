@@ -15,6 +15,7 @@ import types
 from pathlib import Path
 
 import pytest
+from flwr.clientapp import ClientApp
 from helpers import OUTPUTS_DIR
 from test_deploy_kit import _kit_refuses_this_flower
 
@@ -35,9 +36,9 @@ PUBLIC = {
     "flwr.server",
     "flwr.client",
 }
-#: where private touches may be: the boundary and the tests' LocalGrid (the deployment kit
-#: reaches Flower through the boundary's cli, superexec, texts and waits: issue 48 item 1)
-ALLOWED = ("pflower/flower/", "pflower/testbed/local_grid.py")
+#: where private touches may be: the boundary alone (the deployment kit reaches Flower through
+#: its cli, superexec, texts and waits; the testbed's LocalGrid through its local)
+ALLOWED = ("pflower/flower/",)
 TINY = {
     "dataset": "digits",
     "num-server-rounds": 2,
@@ -78,6 +79,30 @@ def test_private_flower_imports_live_in_the_boundary():
     assert not outside, outside
     # the check sees them where they are (it cannot pass by seeing nothing)
     assert any(f.startswith("pflower/flower/dispatch.py") for f in _private_imports())
+
+
+def test_local_grid_runs_with_flowers_run_record_and_error_codes_taken_away(
+    monkeypatch, caplog, tmp_path
+):
+    """LocalGrid's touches (``pflower.flower.local``): with Flower's ``Run`` and
+    ``ErrorCode`` unimportable it runs on a plain run record and the codes' known values,
+    saying so; the run goes on, a NaN node's replies dropped and counted."""
+    from pflower.flower import local
+
+    for name in ("flwr.supercore.run", "flwr.common.typing", "flwr.common.constant"):
+        monkeypatch.setitem(sys.modules, name, None)
+    with caplog.at_level(logging.WARNING, logger="flwr.pflower"):
+        assert local.empty_run(7) == local.PlainRun(7)
+        assert local.error_codes() == (local.NODE_UNAVAILABLE, local.CLIENT_APP_RAISED_EXCEPTION)
+        grid = LocalGrid(ClientApp(), 2)
+        assert grid.run.fab_hash == "" and grid.run.run_id == grid.run_id
+        run = {**TINY, "outputs-dir": str(tmp_path)}
+        report = run_local(run, 3, node_configs={0: {"byzantine": "nan"}})
+    assert report.rounds[-1].evaluate  # the run went on to its final evaluation
+    assert sum(sum(e.dropped.values()) for e in report.rounds) >= 1  # node 0's replies
+    warned = [r.getMessage() for r in caplog.records if "is off" in r.getMessage()]
+    assert sum("run record" in w for w in warned) == 1, warned
+    assert sum("error codes" in w for w in warned) == 1, warned
 
 
 def test_importing_the_apps_imports_no_private_module_of_the_boundary():

@@ -34,6 +34,9 @@ adapter                   touches (Flower 1.41)                          when it
                           API client, ``push_message``,                  own SuperExec runs
                           ``push_task_output``), ``flwr.supercore``'s    (cold); a failing task
                           TLS, interceptor, retry and executor types     prints its traceback
+``local``                 ``Run`` (``flwr.supercore.run``), the task     LocalGrid: a plain run
+                          identity, ``flwr.common.constant.ErrorCode``   record, the codes'
+                          (the testbed's in-process grid)                known values; warning
 ``texts``                 words Flower prints that the deployment kit    the kit reports
                           reads ("Failed to activate SuperNode",         Flower's own error,
                           "already in use", "SuperNode ID:", ...)        unexplained
@@ -42,7 +45,7 @@ adapter                   touches (Flower 1.41)                          when it
 The deployment kit (``pflower.deploy``) reaches Flower through ``cli``, ``superexec``,
 ``texts`` and ``waits``, and drives Flower's processes and ``flwr`` CLI by their public
 commands; the in-process ``LocalGrid`` of the tests and benchmarks
-(``pflower.testbed.local_grid``) has touches of its own. ``docs/flower-boundary.md``
+(``pflower.testbed.local_grid``) through ``local``. ``docs/flower-boundary.md``
 lists every touch; ``tests/test_flower_boundary.py`` takes each internal away and checks the
 fallback.
 """

@@ -31,18 +31,9 @@ from uuid import uuid4
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
-try:  # flwr >= 1.32
-    from flwr.supercore.run import Run
-except ImportError:  # flwr 1.21 to 1.31
-    from flwr.common.typing import Run
-
-try:  # flwr >= 1.38: a message carries the task identity of the process that creates it
-    from flwr.supercore.task_identity import TaskIdentity
-except ImportError:  # flwr < 1.38 has none and needs none
-    TaskIdentity = None
+from pflower.flower import local as flower_local
 
 
 class LocalGrid(Grid):
@@ -110,16 +101,16 @@ class LocalGrid(Grid):
         self._lock = threading.Lock()
         self._node_locks = {node: threading.Lock() for node in self.contexts}
         # messages need a task identity (the SuperLink's) on flwr >= 1.38
-        if TaskIdentity is not None and TaskIdentity._run_id is None:
-            TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 1
+        flower_local.ensure_task_identity(run_id)
+        self._unavailable, self._raised = flower_local.error_codes()
 
     # --- Grid API --------------------------------------------------------------------------
-    def set_run(self, run: Run) -> None:
+    def set_run(self, run) -> None:
         self.run_id = run.run_id
 
     @property
-    def run(self) -> Run:
-        return Run.create_empty(self.run_id)
+    def run(self):
+        return flower_local.empty_run(self.run_id)
 
     def create_message(self, content, message_type, dst_node_id, group_id, ttl=None) -> Message:
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
@@ -132,7 +123,8 @@ class LocalGrid(Grid):
         for ``pull_messages``."""
         ids = []
         for msg in messages:
-            msg.metadata.__dict__["_message_id"] = msg_id = str(uuid4())
+            msg_id = str(uuid4())
+            flower_local.stamp_message_id(msg, msg_id)
             ids.append(msg_id)
             if msg.metadata.dst_node_id in self.silent:
                 continue
@@ -163,14 +155,14 @@ class LocalGrid(Grid):
         node = msg.metadata.dst_node_id
         context = self.contexts.get(node)
         if context is None:
-            return Message(Error(ErrorCode.NODE_UNAVAILABLE, f"no node {node}"), reply_to=msg)
+            return Message(Error(self._unavailable, f"no node {node}"), reply_to=msg)
         start = time.perf_counter()
         try:
             with self._node_locks[node]:  # a node handles one message at a time
                 reply = self.app(msg, context)
         except Exception as err:  # Flower turns a raising ClientApp into an error reply
             reply = Message(
-                Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(err).__name__}: {err}"),
+                Error(self._raised, f"{type(err).__name__}: {err}"),
                 reply_to=msg,
             )
         with self._lock:
