@@ -71,7 +71,7 @@ LOADERS_KEPT = 256
 @functools.lru_cache(maxsize=LOADERS_KEPT)
 def _thread_loaders(cfg: Config, partition_id: int, num_partitions: int, dtype, data_path, thread):
     """A client's train and test loaders, built once per thread (``load_client_data``: two
-    datasets and two DataLoaders, ~40 us a message; issue 29). Every message reseeds the
+    datasets and two DataLoaders, ~40 us a message). Every message reseeds the
     train loader's generator (``make_job``), so a kept loader shuffles as a fresh one would;
     the test loader is not shuffled. Per thread: two clients never share a generator."""
     return load_client_data(cfg, partition_id, num_partitions, dtype, data_path)
@@ -96,7 +96,7 @@ def make_job(cfg: Config, context: Context, server_round: int) -> ClientJob:
     with GLOBAL_RNG:  # never inside another thread's stream (ClientJob.global_rng)
         # for a user's model that draws from the global generator. On the CPU only the CPU
         # generator: torch.manual_seed also queues lazy seeding of CUDA, XPU and MTIA, each
-        # capturing a stack trace, ~1 ms per message where no such device is in use (issue 29)
+        # capturing a stack trace, ~1 ms per message where no such device is in use
         if device.type == "cpu":
             torch.default_generator.manual_seed(salt)
         else:

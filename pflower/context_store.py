@@ -91,7 +91,7 @@ class ContextStore:
 
     def entry(self, key: str) -> tuple[dict | None, Callable[[], dict]] | None:
         """Entry ``key`` as (its meta, read alone; a function that decodes its tensors), or
-        None: a scoped load decodes only the version it chooses (issue 29)."""
+        None: a scoped load decodes only the version it chooses."""
         record = self.state.get(f"pflower.{check_key(key)}")
         if record is None:
             return None
@@ -121,7 +121,7 @@ def fingerprint(tensors: Mapping[str, torch.Tensor]) -> str:
 @functools.lru_cache(maxsize=64)
 def _layout_hash(layout: tuple) -> str:
     # every message of a client scopes its store by this hash of the same layout: hashed
-    # once (the JSON and SHA-256 were ~20 us a message; issue 29). JSON writes the tuples
+    # once (the JSON and SHA-256 were ~20 us a message). JSON writes the tuples
     # as the lists it wrote before, so stored scopes still match.
     return hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
 

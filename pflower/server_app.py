@@ -211,7 +211,7 @@ def after_round(strategy, wire: WireCount, tracker: report.Tracker, evaluate_fn)
 
     def evaluate(server_round: int, arrays: ArrayRecord):
         # the round's bytes first: ``evaluate_fn`` writes the round's checkpoint, and a run
-        # resumed from it reports what the checkpoint holds (issue 50)
+        # resumed from it reports what the checkpoint holds
         stamp(server_round)
         result = evaluate_fn(server_round, arrays) if evaluate_fn else None
         entry = stamp(server_round)  # an entry the server's evaluation added

@@ -136,7 +136,7 @@ def settings_fingerprint(cfg) -> str:
     model, split, data set and partition, seed, local training, the algorithm's own keys...).
     Sent with every message; a client whose own differs refuses the message. Computed once
     per settings (they are frozen, so hashable): a dump, JSON and SHA-256 of ~100 keys cost
-    ~0.1 ms, which every message paid (issue 29)."""
+    ~0.1 ms, which every message paid."""
     try:
         return _cached_fingerprint(cfg)
     except TypeError:  # settings that are not hashable (a user's model of their own)
@@ -241,7 +241,7 @@ _NPY_MAGIC = b"\x93NUMPY"
 def _parse_npy_header(header: bytes) -> tuple[tuple[int, ...], bool, np.dtype]:
     """(shape, fortran order, dtype) of a ``.npy`` header, by NumPy's own reader. Cached:
     the shared parameters' headers repeat in every message, and the reader's
-    ``ast.literal_eval`` cost ~0.1 ms per array (issue 29's per-message cost)."""
+    ``ast.literal_eval`` cost ~0.1 ms per array, in every message."""
     stream = BytesIO(header)
     version = np.lib.format.read_magic(stream)
     reader = {
@@ -322,7 +322,7 @@ def _npy_layout(dtype: np.dtype, shape: tuple[int, ...]) -> tuple[bytes, str] | 
     """``np.save``'s header for a C-ordered array of this dtype and shape, and the dtype's
     name (None when the header needs a version past 1.0: ``to_array`` then leaves it to
     ``np.save``). Cached: the same layouts repeat in every message, and the header and even
-    ``str(dtype)`` cost microseconds each (issue 29)."""
+    ``str(dtype)`` cost microseconds each."""
     stream = BytesIO()
     d = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
     try:
@@ -371,7 +371,7 @@ def layout_problem(record: ArrayRecord, expected: Mapping[str, tuple]) -> str | 
     lacking = sorted(set(expected) - set(got))
     if lacking and set(got.items()) < set(expected.items()):
         # the server sent parameters its clients keep: it started from the whole model where
-        # the algorithm shares a part (issue 49: a user's own ServerApp without shared_arrays)
+        # the algorithm shares a part (a user's own ServerApp without shared_arrays)
         shown = ", ".join(lacking[:3]) + (
             f" and {len(lacking) - 3} more" if len(lacking) > 3 else ""
         )

@@ -109,7 +109,7 @@ class Federation:
         self.root = Path(root).expanduser().resolve()
         #: ``sqlite``: the SuperLink's runs, registered keys and messages in ``superlink.db``
         #: (a restarted SuperLink resumes from it); ``memory``: Flower's in-memory state,
-        #: forgotten when the SuperLink stops, about half its CPU per round (issue 29)
+        #: forgotten when the SuperLink stops, about half its CPU per round
         self.superlink_state = superlink_state
         #: each SuperNode's ClientApps compute with this many threads (``THREAD_VARIABLES``);
         #: ``None``: the machine's cores shared out among its SuperNodes
@@ -167,7 +167,7 @@ class Federation:
         Every ask costs CPU on both sides even when there is nothing to do: at 0.05 s an
         idle SuperNode and its warm SuperExec spent ~10 CPU-s a minute between them, so 20
         of them on a 2-core machine took more than its cores before any message (rounds of
-        11-12 s for 0.03 s of work; issue 29). Stretched with the nodes per core, the idle
+        11-12 s for 0.03 s of work). Stretched with the nodes per core, the idle
         federation's asks cost a core what one node's cost."""
         if self.task_poll_interval is not None:
             return self.task_poll_interval
@@ -183,7 +183,7 @@ class Federation:
         The SuperNodes share this machine's cores (``threads_per_node``, unless ``threads``
         is not set and the environment sets a variable itself): torch would give every
         ClientApp a thread per core, and OpenMP threads that spin on cores other ClientApps
-        hold made a 2-core loopback message's training ~40x slower (issue 29)."""
+        hold made a 2-core loopback message's training ~40x slower."""
         env = {**self.env, TASK_POLL_VARIABLE: f"{self.task_poll_s:g}"}
         share = str(self.threads_per_node)
         for name in THREAD_VARIABLES:
@@ -331,7 +331,7 @@ class Federation:
         ``port + 100 + i`` where that is free, else one the system hands out. A port in
         the ephemeral range may be held by an outgoing connection, the federation's own
         among them (20 SuperNodes polling open many): a node that joined mid-run found its
-        port taken and exited ("address already in use"; issue 29). ``start_supernodes``
+        port taken and exited ("address already in use"). ``start_supernodes``
         starts such a node again on another port (``_taken``)."""
         wanted = self.port + 100 + i
         if wanted not in self._taken:
@@ -546,7 +546,7 @@ class Federation:
         node has no warm SuperExec. Its zygote dying takes the warm SuperExec with it
         (``warm_exec``: a broken pipe ends it), and a SuperNode whose SuperExec is gone is
         listed online but runs nothing: every round dropped its reply at the round timeout
-        until ``down`` + ``up`` (issue 50). ``up`` calls this for every running node."""
+        until ``down`` + ``up``. ``up`` calls this for every running node."""
         label = f"warm-exec-{i}"
         entry = self.entries.get(label)
         if entry is None:

@@ -62,7 +62,7 @@ def stop_tree(pid: int, timeout: float = 5.0) -> list[int]:
     their clean exit (a SuperNode deactivates its node on the SuperLink) and put the default
     handler back, so a second one (the group's, sent at once) killed a SuperNode before it
     signed off, and the SuperLink held its session until its heartbeat lapsed: the next ``up``
-    waited 28-82 s for it (issue 50). Its children stop with it or after it."""
+    waited 28-82 s for it. Its children stop with it or after it."""
     tree = [pid, *descendants(pid)]  # before the parent ends: its children are reparented
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGTERM)

@@ -3,8 +3,8 @@ process that has already imported torch, Flower and pflower.
 
 A SuperNode started with ``--isolation subprocess`` (Flower's default) runs its own SuperExec,
 which starts a fresh ``flwr-clientapp`` process for every message: Python, torch, Flower and
-the app are imported again each time, ~2-4 s of a 2-core device's CPU per message (issue 29
-measured ~9 s per round on the loopback deployment). With ``--isolation process`` the
+the app are imported again each time, ~2-4 s of a 2-core device's CPU per message
+(measured ~9 s per round on the loopback deployment). With ``--isolation process`` the
 SuperNode leaves that to a SuperExec started beside it; this module is that SuperExec:
 
 - Flower's ``run_superexec`` loop, as it is (it acquires each task from the SuperNode's

@@ -107,7 +107,7 @@ def run_one(job: Mapping) -> dict:
     (directory / RUN_FINISHED).unlink(missing_ok=True)
     # one thread unless asked (``threads``): runs go side by side, and a second thread spins
     # on a busy box: FedAvg 40 rounds 73 CPU-s with 2 threads vs 8.6 with 1, Local 61 vs 12
-    # (issue 29, 2-core box with another experiment running)
+    # (2-core box with another experiment running)
     torch.set_num_threads(job["threads"])
     started, cpu = time.perf_counter(), _cpu_seconds(resource)
     with open(directory / "log.txt", "w") as logfile, _redirected(logfile):

@@ -128,7 +128,7 @@ def superlink_failure(line: str) -> str | None:
     """For ``flwr run``'s output line saying its local SuperLink failed to start, what the
     SuperLink itself said (the last error line of the log Flower names) and, for a state
     written by another Flower version, how to run on one of its own; None for other lines.
-    Flower's own line says only "exited with code 1" (issue 48). A line whose wording has
+    Flower's own line says only "exited with code 1". A line whose wording has
     changed is not recognised: Flower's message then stands alone."""
     found = SUPERLINK_FAILED.search(line)
     if not found:

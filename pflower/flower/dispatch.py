@@ -8,7 +8,7 @@ for every registered node, it asks the link state for that node's next message
 Flower's expiry and federation check on each (``_check_stored_messages``) before it looks at
 the message's destination. A tick therefore costs nodes x stored messages checks: with
 10 000 nodes and pflower's 16 messages in flight, ~160 000 checks per tick, ~66 ms of CPU per
-message at 10 000 nodes against ~12 ms at 1 000 (issue 29: ``benchmarks/scale.py``), and
+message at 10 000 nodes against ~12 ms at 1 000 (``benchmarks/scale.py``), and
 the start-up question to every node (``NodeSampling.learn_partitions``) took 348 s.
 
 ``index_message_dispatch`` replaces that method, in this process, by one that reads the same

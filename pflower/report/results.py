@@ -126,7 +126,7 @@ class RunReport:
         """``sampling`` as ``results.json`` holds it. Under ``dp`` a secret sample's seed is
         withheld: it replays who was sampled in every round, and the accountant's
         amplification by sampling assumes that no one who sees the released model knows
-        that (issue 46; the checkpoints, the server's own state, still hold it). A
+        that (the checkpoints, the server's own state, still hold it). A
         reproducible sample's seed is in the run config anyway (and accounted without
         amplification)."""
         if self.sampling is None or self.cfg.dp == "none" or not self.sampling.get("secret"):

@@ -234,7 +234,7 @@ def _mix(alpha, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``alpha v + (1 - alpha) w`` as ``torch.lerp(w, v, alpha) = w + alpha (v - w)``: the
     same value (to rounding), with the same gradients (``alpha`` for v, ``<v - w, grad>``
     for alpha), in one fused op per tensor instead of four tracked ones (APFL's floor ratio
-    1.39 -> 1.21, ``benchmarks/floor_ab.py``: issue 29). Training, the personalized model and
+    1.39 -> 1.21, ``benchmarks/floor_ab.py``). Training, the personalized model and
     its evaluation all mix here. A tensor ``alpha``
     (float64, adaptive) enters cast to v's dtype, a differentiable cast, as the product
     ``alpha * v`` of a 0-dim float64 tensor and a float32 one was computed in float32 too."""

@@ -32,7 +32,7 @@ client's metrics.
 **Where pflower departs from Alg. 3, and why.** Alg. 3 applies whatever arrives first, so
 the fastest client writes theta: one that answers at once while the others take time made
 72% of the applied updates of a 10-node run (fair share 10%), and with its gradients turned
-around at the largest norm the update-norm bound accepts it decided the model (issue 45).
+around at the largest norm the update-norm bound accepts it decided the model.
 Three rules, each off with its key at 0, stand between a fast client and the model; none
 binds while the clients are honest and equally fast (the same theta, bit for bit:
 ``tests/test_async_ffgg.py``):

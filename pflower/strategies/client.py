@@ -100,7 +100,7 @@ class ClientJob:
     def params(self) -> dict[str, nn.Parameter]:
         """The model's parameters by name, looked up once per message: every copy in and out
         of the model needs them (``named_parameters`` walks the modules: ~7 us a time, eight
-        times a message; issue 29)."""
+        times a message)."""
         return dict(self.model.named_parameters())
 
     @property
@@ -432,7 +432,7 @@ class ClientHalf:
         evaluation-time fitting), on the received shared parameters, and return True; False
         (the default) where the algorithm keeps no personal part between rounds. The
         evaluation reports it as ``local-part``: a personalized model far below it is a
-        degenerate one (issue 47)."""
+        degenerate one."""
         return False
 
     def pretrain(self, job: ClientJob, config: Mapping) -> tuple[ArrayRecord, dict[str, float]]:

@@ -140,25 +140,17 @@ if TYPE_CHECKING:
 #: (the median alone is not robust to ALIE / IPM). ``robust-bucket-size = 1`` disables it.
 BR_FFGG_DEFAULTS = {"robust_aggregator": "median", "robust_bucket_size": 2}
 
-#: FFGG's default defence (``registry.Algorithm.defence``: runs without DP, keys left at
-#: ``auto``): the geometric median of the round's gradients instead of adaptive clipping,
-#: over random buckets of 2 (averaged) wherever 5 or more bucket means remain (9 or more
-#: replies; ``aggregators.Bucketing``'s ``min_buckets``) and tolerate ``robust-byzantine``,
-#: over the replies themselves otherwise (rounds of 5 to 8). FFGG's client sends one
-#: gradient at the round's theta, which heterogeneous clients keep large at the optimum
-#: (each is its own classes' gradient);
-#: clipped to the honest spread, a Byzantine gradient against its own direction still moved
-#: theta by spread / N every round it was sampled: one client in ten cost 11.85 +- 6.20
-#: points (3 seeds) under adaptive clipping. Over 10 seeds (docs/threat-model.md, issue 45)
-#: the geometric median lost 2.74 at 5 replies a round (its 9 honest clients 0.24), 2.35
-#: over buckets at 10; BR-FFGG's bucketed coordinate median 4.95 (honest clients 4.70: the
-#: median of 3 bucket means takes, coordinate by coordinate, the honest bucket on the
-#: attacker's side). Clean mnist-5c (10 replies a round), 10 seeds against the plain mean:
-#: -0.33 points over buckets of 2, -0.78 over the replies themselves (the buckets average
-#: away half the honest clients' spread, which the median otherwise discards). Rounds of
-#: fewer than 5 replies take adaptive clipping's bound instead (``robust-small-rounds =
-#: "clip"``; 1 or 2 replies have no majority, and with 4 a round the geometric median lost
-#: 7.53 points, the clip 3.08, the bucketed median's 2 means 36.4).
+#: FFGG's default defence (``FFGG.defence``: runs without DP, keys left at ``auto``): the
+#: geometric median of the round's gradients instead of adaptive clipping, over random
+#: buckets of 2 wherever 5 or more bucket means remain and tolerate ``robust-byzantine``
+#: (``aggregators.Bucketing``'s ``min_buckets``), over the replies themselves in rounds of 5
+#: to 8, and adaptive clipping's bound in rounds of fewer than 5 (``robust-small-rounds =
+#: "clip"``). Why: FFGG's client sends one gradient at the round's theta, which heterogeneous
+#: clients keep large at the optimum, so a Byzantine gradient clipped to the honest spread
+#: still moves theta by the spread every round it is sampled; a median is not moved, the
+#: buckets average away half the honest spread the median would discard, and a median of
+#: fewer than 5 values has no majority to stand on (measured: docs/threat-model.md,
+#: benchmarks/results/default-defence.md).
 FFGG_DEFENCE = {
     "robust_aggregator": "geometric-median",
     "robust_bucket_size": 2,

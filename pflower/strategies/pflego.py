@@ -28,7 +28,7 @@ I / r_t factor). ``pflego-local-labels``: a K_i-class head over the client's own
 (``init_head``). ``pflego-head-alpha`` multiplies the head step (3) by alpha_i as eq. (5)
 prints (default off: Alg. 1 and the code). ``pflego-freeze-body``: the server never moves
 theta, so the same heads take the same steps on the body's random init: the random-features
-baseline that tells what the trained body adds (issue 47: under DP the noised body stays near
+baseline that tells what the trained body adds (under DP the noised body stays near
 its init, and PFLEGO's heads on it beat every trained body). r_t is the number of usable
 replies (realised); the head step uses the number of sampled clients (the client cannot know
 r_t). I counts the clients that can be sampled: with ``holdout-fraction`` the held-out

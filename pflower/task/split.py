@@ -140,8 +140,8 @@ def set_tensors(
 
     Values may be tensors or NumPy arrays, read-only views of a message's bytes included
     (``wire.array_view``): an array of the parameter's dtype goes straight into a CPU
-    parameter, one pass over the values instead of a writable copy and then the copy in
-    (issue 29's per-message cost); anything else is cast as ``Tensor.to`` casts."""
+    parameter, one pass over the values instead of a writable copy and then the copy in;
+    anything else is cast as ``Tensor.to`` casts."""
     params = dict(model.named_parameters()) if params is None else params
     with torch.no_grad():
         for name, value in tensors.items():

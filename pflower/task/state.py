@@ -50,8 +50,7 @@ class Store(Protocol):
     halves train them in place). ``save`` keeps the values as they are at the call: it
     serializes or copies them, as ``ContextStore`` (into a record's bytes) and
     ``DirectoryStore`` (into a file) do, since the tensors it is given may be the model's
-    own parameters, which the next message overwrites. (One copy in each direction, not two:
-    issue 29.)"""
+    own parameters, which the next message overwrites. (One copy in each direction, not two.)"""
 
     def load(self, key: str) -> dict[str, torch.Tensor] | None: ...
 
@@ -159,7 +158,7 @@ def load_matching(
     ``personal-reset``, ``pflower.context_store``.) Integer tensors (counters) are not
     bounded here; their owner checks them. ``scale`` may be a function, called only for a
     state beyond the template's own bound (``ClientJob.load``'s is a pass over every shared
-    parameter: ~60 us per message for a 200 k-value MLP, issue 29).
+    parameter: ~60 us per message for a 200 k-value MLP).
     """
     loaded = store.load(key)
     if loaded is None:
@@ -214,7 +213,7 @@ def _extent(t: torch.Tensor) -> float:
     """``max |t|`` of a non-empty floating-point tensor, ``inf`` if it holds a NaN or an Inf:
     its largest and smallest values, which propagate NaN, read in place in one pass
     (``aminmax``). (``isfinite`` then ``abs().max()`` made two temporaries and cost ~0.25 ms
-    per 0.6 MB layer, on every load of a client's state: issue 29.)"""
+    per 0.6 MB layer, on every load of a client's state.)"""
     low, high = (float(v) for v in torch.aminmax(t.detach()))  # one pass for both
     if not (math.isfinite(high) and math.isfinite(low)):
         return math.inf

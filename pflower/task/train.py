@@ -115,7 +115,7 @@ class SGDSteps:
     buffers included (kept per parameter for the life of this object, as the optimizer's
     state is). What it leaves out is the optimizer's per-step machinery (profiler hooks,
     dynamo guards, group and state bookkeeping): ~0.1 ms of a ~0.9 ms step of a batch of 32
-    through the 784-200-200-10 MLP on one CPU thread (issue 29, ``benchmarks/sgd_step.py``).
+    through the 784-200-200-10 MLP on one CPU thread (``benchmarks/sgd_step.py``).
     ``tests/test_state_train.py`` checks it against ``torch.optim.SGD`` step for step.
     """
 

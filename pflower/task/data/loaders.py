@@ -223,7 +223,7 @@ def one_pass(loader: DataLoader):
     memory, no workers) the slices themselves, with the draws the DataLoader would make
     from its generator (a base seed per pass, then the sampler's permutation): the same
     batches, bit for bit, without the DataLoader's ~0.1 ms of machinery per batch, which
-    on ~80-example clients was a tenth of the training step (issue 29). Any other loader
+    on ~80-example clients was a tenth of the training step. Any other loader
     is iterated as it is."""
     if not _is_batched(loader):
         yield from loader
