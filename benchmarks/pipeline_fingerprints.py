@@ -16,8 +16,10 @@ Run it at two checkouts and compare (each checkout's own pflower on ``sys.path``
     PYTHONPATH=/tmp/before python benchmarks/pipeline_fingerprints.py --out /tmp/before.json
     python benchmarks/pipeline_fingerprints.py --out /tmp/after.json --compare /tmp/before.json
 
-``--only`` runs the cases whose name contains a string. Deterministic on one machine; another
-CPU may round floats otherwise (compare on one box).
+``--only`` runs the cases whose name contains a string. ``--main-job`` runs the main job
+instead (every key of ``[tool.flwr.app.config]``, ``sample-seed`` 0, 10 nodes) on Flower's
+simulation engine, in this process, and records its fingerprint the same way. Deterministic
+on one machine; another CPU may round floats otherwise (compare on one box).
 """
 
 from __future__ import annotations
@@ -185,11 +187,39 @@ def run_case(name: str) -> dict:
     return fingerprint(report)
 
 
+def main_job() -> dict:
+    """The main job of the README on Flower's simulation engine (``run_simulation``), the
+    sample pinned: its fingerprint and its last evaluation's accuracies."""
+    import tomllib
+
+    from flwr.simulation import run_simulation
+
+    import pflower
+    from pflower.client_app import build_client_app
+    from pflower.server_app import build_server_app
+
+    pyproject = Path(pflower.__file__).parents[1] / "pyproject.toml"
+    cfg = dict(tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"])
+    reports: list = []
+    with tempfile.TemporaryDirectory() as out:
+        cfg.update({"sample-seed": 0, "outputs-dir": out})
+        run_simulation(
+            server_app=build_server_app(cfg, on_report=reports.append),
+            client_app=build_client_app(cfg),
+            num_supernodes=10,
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        )
+    found = fingerprint(reports[0])
+    last = next(e.evaluate for e in reversed(reports[0].rounds) if e.evaluate)
+    return {**found, "global": last.get("global-accuracy")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--only", default="")
     parser.add_argument("--compare", type=Path, help="a file of an earlier run")
+    parser.add_argument("--main-job", action="store_true", help="the main job instead")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
@@ -197,7 +227,9 @@ def main() -> None:
 
     print(f"pflower from {Path(pflower.__file__).parent}", file=sys.stderr)
     results, started = {}, time.perf_counter()
-    for name in CASES:
+    if args.main_job:
+        results["main job"] = main_job()
+    for name in CASES if not args.main_job else ():
         if args.only and args.only not in name:
             continue
         results[name] = run_case(name)
