@@ -360,9 +360,9 @@ COST_CENTRES = {
         ("pflower.client_app", "measured"),
         *[(f"pflower.strategies.{m}", "train_metrics") for m in ("fedavg", "fedalt", "apfl")],
     ],
-    "reply checks": [
-        ("pflower.strategies.checks", "ReplyChecks.check_train_replies"),
-        ("pflower.strategies.checks", "ReplyChecks.bound_updates"),
+    "reply checks": [  # the reply pipeline's admit and bound stages
+        ("pflower.strategies.admit", "Admit.train"),
+        ("pflower.strategies.bound", "Bound.__call__"),
     ],
     "aggregation": [
         ("pflower.strategies.server", "PersonalizedStrategy.combine"),
