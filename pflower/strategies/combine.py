@@ -450,18 +450,28 @@ class ClippedMean(Combine):
         super().__init__(byzantine)
         self.clip = clip
 
-    def clipped_mean(self, rnd, vectors, weights, center, kind) -> dict[str, np.ndarray]:
-        kind = kind or rnd.kind
-        beta, clipped = self.clip.coefficients(
-            kind, vectors, weights, center, rnd.nodes or None, rnd.population
-        )
-        rnd.clipped[kind] = clipped
-        if beta is not None:
-            return linear_update(vectors, beta, center)
-        return mean(vectors, weights, center)
-
     def __call__(self, rnd, vectors, weights, center=None, kind=None) -> dict[str, np.ndarray]:
-        return self.clipped_mean(rnd, vectors, weights, center, kind)
+        return clipped_mean(rnd, clip_step(self.clip, rnd, vectors, weights, center, kind))
+
+
+def clip_step(clip: AdaptiveClipping, rnd, vectors, weights, center, kind) -> tuple:
+    """``clip``'s coefficients for the round's vectors (its state moves with every round it
+    sees), and what ``clipped_mean`` needs to apply them."""
+    kind = kind or rnd.kind
+    beta, clipped = clip.coefficients(
+        kind, vectors, weights, center, rnd.nodes or None, rnd.population
+    )
+    return kind, beta, clipped, vectors, weights, center
+
+
+def clipped_mean(rnd, step: tuple) -> dict[str, np.ndarray]:
+    """The mean of the clipped updates (``clip_step``'s), the replies clipped counted in
+    ``rnd.clipped``: the algorithm's own mean where none was."""
+    kind, beta, clipped, vectors, weights, center = step
+    rnd.clipped[kind] = clipped
+    if beta is not None:
+        return linear_update(vectors, beta, center)
+    return mean(vectors, weights, center)
 
 
 class RobustRule(Combine):
@@ -505,15 +515,9 @@ class RobustRule(Combine):
             # every round keeps the clip's state (rho: what a round of >= 3 replies applied);
             # a median of 1 or 2 is their mean, which one reply moves by its whole share, and
             # with 4 replies a round the clip held where the geometric median did not
-            kind = kind or rnd.kind
-            beta, clipped = self.clip.coefficients(
-                kind, vectors, weights, center, rnd.nodes or None, rnd.population
-            )
+            step = clip_step(self.clip, rnd, vectors, weights, center, kind)
             if self.rule.inputs(len(vectors)) < MIN_RULE_INPUTS:
-                rnd.clipped[kind] = clipped
-                if beta is not None:
-                    return linear_update(vectors, beta, center)
-                return mean(vectors, weights, center)
+                return clipped_mean(rnd, step)
         f_kept = self.byzantine_kept(len(rnd.asked), len(vectors))
         problem = self.rule.problem(len(vectors), f_kept)
         if problem and f_kept == 0:
