@@ -261,15 +261,31 @@ PLANTS = [
         [DEFENCE],
     ),
     Plant(
-        "robust rules: f not counted against the sampled nodes without a kept reply",
+        "robust rules: f lowered by the nodes without a kept reply (a failure lets one in)",
         "pflower/strategies/combine.py",
         [
             (
-                "return max(0, self.byzantine - max(0, asked - kept))",
-                "return self.byzantine",
+                "        if not self.rule.problem(len(vectors), self.byzantine):\n"
+                "            return robust_combine(self.rule, vectors, self.byzantine, center)\n",
+                "        f = max(0, self.byzantine - max(0, len(rnd.asked) - len(vectors)))\n"
+                "        if not self.rule.problem(len(vectors), f):\n"
+                "            return robust_combine(self.rule, vectors, f, center)\n",
             ),
         ],
         [DEFENCE],
+    ),
+    Plant(
+        "robust rules: a round the rule cannot take is the plain mean, not the clip",
+        "pflower/strategies/combine.py",
+        [
+            (
+                "        rnd.fell_back += 1\n        if step is None:",
+                "        rnd.fell_back += 1\n        return mean(vectors, weights, center)\n"
+                "        if step is None:",
+            ),
+        ],
+        [DEFENCE, B + "test_a_round_that_cannot_tolerate_f_falls_back_to_the_clip_not_a_weaker_"
+         "rule"],  # fmt: skip
     ),
     Plant(
         "replies: a node's second reply in a round kept",

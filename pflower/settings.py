@@ -572,9 +572,10 @@ class RunSettings(Settings):
         alias="robust-byzantine",
         ge=0,
         description=(
-            "Byzantine clients per round to tolerate; refused before the first round if the "
-            "rule's breakdown point over the sample is lower, and a round whose replies kept "
-            "cannot meet it is skipped (counted), never combined with a smaller f"
+            "Byzantine clients per round to tolerate among the replies kept (a failed or "
+            "silent node is not one of them); refused before the first round if the rule's "
+            "breakdown point over the sample is lower; a round whose kept replies cannot meet "
+            "it falls back to the default defence's clip (counted), never a smaller f"
         ),
     )
     robust_bucket_size: int = Field(

@@ -549,11 +549,11 @@ def test_a_client_cannot_write_megabytes_or_infinity_into_the_results():
     json.dumps(summary, allow_nan=False)
 
 
-def test_krum_with_its_byzantine_dropped_runs_the_mean_of_the_honest_not_a_skip():
+def test_krum_with_its_byzantine_dropped_falls_back_to_the_clip_not_a_skip():
     """Krum over 4 nodes (f = 0, the most 4 inputs tolerate): nodes 0 and 1 send NaN, 2
-    replies are left (Krum needs 3). Every sampled node without a kept reply counts against
-    f, so the kept replies hold no Byzantine: their mean is applied, no round is skipped
-    (before: every round skipped, and 3 such rounds stopped the run)."""
+    replies are left (Krum needs 3). The default defence's clip takes the round (2 replies:
+    their mean), every round applies, none is skipped (a skip once stopped the run after 3
+    such rounds)."""
     run = {**RUN, "algorithm": "ffgg", "robust-aggregator": "krum"}
     nan = set_everywhere(np.nan)
 
@@ -562,8 +562,8 @@ def test_krum_with_its_byzantine_dropped_runs_the_mean_of_the_honest_not_a_skip(
             nan(0, rnd, reply)
 
     report = run_local(run, 4, client_app=tampering_app(run, two_nan))
-    assert [e.train.get("skipped") for e in report.rounds] == [None, None]
     assert [e.train["applied"] for e in report.rounds] == [2, 2]
+    assert [e.train["rule-fallback"] for e in report.rounds] == [1, 1]
     assert reasons(report)["non-finite values"] == 4
 
 

@@ -470,20 +470,57 @@ def test_the_byzantines_a_rule_tolerates_cannot_stop_the_run(
     }
     cfg = Config.from_run_config(overrides)
     rep = run_on(LocalGrid(nan_app(overrides, bad), nodes, seed=0), cfg, tmp_path)
-    assert not any(e.train.get("skipped") for e in rep.rounds)
     assert drops(rep, "non-finite") >= 1
     assert all(e.train.get("applied", 1) >= 1 for e in rep.rounds if e.train)
 
 
-def test_f_counts_every_sampled_node_without_a_kept_reply():
+def test_f_means_byzantine_among_the_kept_replies_and_a_rule_that_cannot_falls_back_to_the_clip():
+    """A node that failed is not one of the f: the median with f = 2 keeps its f over the 2
+    replies kept of 5 asked, cannot take them (2 inputs tolerate 0) and falls back to the
+    default defence's clip (2 replies, no majority: their mean, nothing clipped), counted."""
     rule = FedAvg(robust=make_aggregator("median"), byzantine=2).pipeline.combine
-    assert rule.byzantine_kept(5, 5) == 2
-    assert rule.byzantine_kept(5, 4) == 1  # one dropped: at most one Byzantine left
-    assert rule.byzantine_kept(5, 2) == 0
-    # 2 kept of 5 asked: every kept reply honest, the median over 2 is their mean
     rnd = Round(1, asked={1, 2, 3, 4, 5})
     got = rule(rnd, [{"w": np.array([1.0])}, {"w": np.array([3.0])}], [1.0, 1.0])
-    assert got["w"][0] == 2.0
+    assert got["w"][0] == 2.0 and rnd.fell_back == 1
+    assert rule.round_metrics(rnd) == {"clipped": 0, "rule-fallback": 1}
+    # with 5 of 5 kept the median runs, with its f
+    rnd = Round(2, asked={1, 2, 3, 4, 5})
+    five = [{"w": np.array([v])} for v in (1.0, 2.0, 3.0, 50.0, -40.0)]
+    assert rule(rnd, five, [1.0] * 5)["w"][0] == 2.0 and rnd.fell_back == 0
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("median", {}),
+        ("trimmed-mean", {"beta": 0.2}),
+        ("krum", {}),
+        ("multi-krum", {"m": 5}),
+        ("geometric-median", {}),
+        ("centered-clipping", {"radius": 1.0}),
+        ("median", {"bucket_size": 2}),
+    ],
+)
+def test_an_honest_failure_never_lets_a_tolerated_byzantine_reply_in(name, options):
+    """6 nodes asked, f = 1 (Multi-Krum: m = N - f = 5): one honest device fails (no reply)
+    and ONE Byzantine, within f, sends 50 x an honest update against the honest direction.
+    Counting the failure as the Byzantine let the rule run with f = 0 (Multi-Krum then
+    averaged all 5 kept: a step 12.8 x the clean one). Now, for every rule, the step stays
+    within the honest replies' spread: no farther from the honest mean than the farthest
+    honest reply (and 1.5 x that for centered clipping's fixed radius)."""
+    rng = np.random.default_rng(3)
+    honest = [rng.normal(1.0, 0.3, size=8) for _ in range(4)]
+    byzantine = -50.0 * np.mean(honest, axis=0)
+    rule = FedAvg(robust=make_aggregator(name, **options), byzantine=1).pipeline.combine
+    rnd = Round(1, asked=set(range(6)), nodes=[0, 1, 2, 3, 5])  # node 4 failed
+    vectors = [{"w": h} for h in honest] + [{"w": byzantine}]
+    got = rule(rnd, vectors, [1.0] * 5)["w"]
+    centre = np.mean(honest, axis=0)
+    spread = max(np.linalg.norm(h - centre) for h in honest)
+    slack = 1.5 if name == "centered-clipping" else 1.0
+    assert np.linalg.norm(got - centre) <= slack * spread + 1e-9, (name, rnd.fell_back)
+    # the plain mean of the 5 kept is what the old count gave Multi-Krum: far outside
+    assert np.linalg.norm(np.mean([*honest, byzantine], axis=0) - centre) > 5 * spread
 
 
 # --- local DP's bound, and replies that do not answer the round ------------------------------

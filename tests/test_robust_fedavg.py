@@ -108,10 +108,10 @@ def test_malformed_counts_and_metrics_are_dropped_not_a_crash():
     }
 
 
-def test_dropped_replies_count_against_f_and_the_honest_mean_is_taken():
-    """Krum (f = 1) needs 3 replies; 6 of 8 nodes send NaN. The dropped nodes count against
-    f, so the 2 kept replies are honest: each round takes their plain mean (before: every
-    round skipped, the model unchanged)."""
+def test_a_rule_that_cannot_take_the_kept_replies_falls_back_to_the_clip():
+    """Krum (f = 1) needs 3 replies; 6 of 8 nodes send NaN. The 2 kept replies keep their f,
+    which Krum cannot take: the default defence's clip does (2 replies, no majority: nothing
+    clipped, their mean), never a skipped round."""
     strategy = RobustFedAvg(aggregator=make_aggregator("krum"), byzantine=1, fraction_evaluate=0.0)
     w = run(strategy, {i: "nan" for i in range(6)}, rounds=2)
     target = (TARGETS[6] + TARGETS[7]) / 2
@@ -119,7 +119,7 @@ def test_dropped_replies_count_against_f_and_the_honest_mean_is_taken():
     for _ in range(2):
         expected = expected - 0.5 * (expected - target)
     np.testing.assert_allclose(w, np.full(4, expected), rtol=1e-6)
-    assert strategy.dropped == {"non-finite values": 12} and strategy.skipped == 0
+    assert strategy.dropped == {"non-finite values": 12} and strategy.fallbacks == 2
 
 
 # --- a drop-in for Flower's robust strategies (issue 31, item 6) -----------------------------

@@ -368,11 +368,6 @@ def lower_median_of(values: np.ndarray) -> float:
 
 
 # --- the modes ------------------------------------------------------------------------------
-class RoundSkipped(Exception):
-    """This round's replies cannot be combined (too few for the robust rule's breakdown
-    point and ``byzantine``): the round leaves the shared parameters unchanged."""
-
-
 class Combine:
     """The combine stage's protocol: ``combine(rnd, vectors, weights, center, kind)`` is the
     combined update of ``vectors`` (``center - vectors[i]`` with ``center``: returned weights)
@@ -421,10 +416,13 @@ class Combine:
     def round_metrics(self, rnd) -> dict[str, float]:
         """The replies the mode's clip clipped in the round: ``clipped`` of the replies'
         updates, ``clipped-<record>`` of each further record (none without a clip)."""
-        if self.clip is None:
-            return {}
-        others = {f"clipped-{k}": n for k, n in sorted(rnd.clipped.items()) if k != rnd.kind}
-        return {"clipped": rnd.clipped.get(rnd.kind, 0), **others}
+        return clip_counts(rnd) if self.clip is not None else {}
+
+
+def clip_counts(rnd) -> dict[str, float]:
+    """``clipped`` (the replies' updates a clip shortened) and ``clipped-<record>``."""
+    others = {f"clipped-{k}": n for k, n in sorted(rnd.clipped.items()) if k != rnd.kind}
+    return {"clipped": rnd.clipped.get(rnd.kind, 0), **others}
 
 
 def mean(vectors, weights, center=None) -> dict[str, np.ndarray]:
@@ -479,19 +477,28 @@ class RobustRule(Combine):
     small-round clip of ``robust-small-rounds = "clip"``, or None) takes the rounds whose rule
     would combine fewer than ``MIN_RULE_INPUTS`` values, and keeps its state in every round.
 
-    f counts the round's faulty nodes: every node asked without a kept reply (dropped for its
-    reply, an error, or silent) is one of them, so the kept replies hold at most
-    ``f_kept = f - (asked - kept)``. The rule runs with ``f_kept``; where it cannot and
-    ``f_kept`` = 0, every kept reply is honest and their mean (the algorithm's own) serves;
-    otherwise the round is skipped (``RoundSkipped``), never run with a smaller f."""
+    **f means Byzantine, not absent.** The rule tolerates f Byzantine replies among those the
+    round kept, whatever else it lost: a node that failed, fell silent or had its reply
+    dropped is not counted as one of the f (counting it let the rule run with a smaller f,
+    and Multi-Krum with m = N - f then averaged a Byzantine reply in beside one honest
+    device's failure). Where the rule cannot take the kept replies with its f (too few of
+    them for its breakdown point, Multi-Krum's m above N - f), the round falls back to the
+    default defence's clip (``fallback``: ``clip``, or adaptive clipping of its own) and is
+    counted (``rule-fallback``): never a plain mean, never a skipped round, so the f tolerated
+    Byzantine clients cannot stop the run by having their replies dropped."""
 
     weighted = exact_mean = False
 
     def __init__(
-        self, rule: Aggregator, byzantine: int = 0, clip: AdaptiveClipping | None = None
+        self,
+        rule: Aggregator,
+        byzantine: int = 0,
+        clip: AdaptiveClipping | None = None,
+        fallback: AdaptiveClipping | None = None,
     ) -> None:
         super().__init__(byzantine)
         self.rule, self.clip = rule, clip
+        self.fallback = fallback or clip or AdaptiveClipping()
 
     @property
     def name(self) -> str:  # noqa: D102 - the rule's
@@ -506,11 +513,8 @@ class RobustRule(Combine):
                 f"{num_replies} nodes"
             )
 
-    def byzantine_kept(self, asked: int, kept: int) -> int:
-        """How many of ``kept`` replies may be Byzantine when ``asked`` nodes were asked."""
-        return max(0, self.byzantine - max(0, asked - kept))
-
     def __call__(self, rnd, vectors, weights, center=None, kind=None) -> dict[str, np.ndarray]:
+        step = None
         if self.clip is not None:
             # every round keeps the clip's state (rho: what a round of >= 3 replies applied);
             # a median of 1 or 2 is their mean, which one reply moves by its whole share, and
@@ -518,13 +522,18 @@ class RobustRule(Combine):
             step = clip_step(self.clip, rnd, vectors, weights, center, kind)
             if self.rule.inputs(len(vectors)) < MIN_RULE_INPUTS:
                 return clipped_mean(rnd, step)
-        f_kept = self.byzantine_kept(len(rnd.asked), len(vectors))
-        problem = self.rule.problem(len(vectors), f_kept)
-        if problem and f_kept == 0:
-            return mean(vectors, weights, center)
-        if problem:
-            raise RoundSkipped(problem)
-        return robust_combine(self.rule, vectors, f_kept, center)
+        if not self.rule.problem(len(vectors), self.byzantine):
+            return robust_combine(self.rule, vectors, self.byzantine, center)
+        rnd.fell_back += 1
+        if step is None:
+            step = clip_step(self.fallback, rnd, vectors, weights, center, kind)
+        return clipped_mean(rnd, step)
+
+    def round_metrics(self, rnd) -> dict[str, float]:
+        """The clip's counts (where it ran) and the times the rule fell back to it."""
+        if not rnd.fell_back:
+            return super().round_metrics(rnd)
+        return {**clip_counts(rnd), "rule-fallback": rnd.fell_back}
 
 
 class CentralDP(Combine):

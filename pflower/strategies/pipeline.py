@@ -22,8 +22,9 @@ whole round. The round loop (``server.PersonalizedStrategy``, ``AsyncFFGG``, and
 modes compose: differential privacy replaces every statistic across replies (central DP:
 the clipped, noised mean, no update-norm reference, no claim median; a robust rule or the
 default defence's clip is refused with it), a robust rule replaces the mean (with the
-small-round clip beside it where the algorithm's default defence asks for it), and without
-either the default defence is adaptive clipping.
+small-round clip beside it where the algorithm's default defence asks for it, and the
+default defence's clip in the rounds it cannot take with its f), and without either the
+default defence is adaptive clipping.
 
 Stages inserted from outside (``ReplyPipeline.insert``) run between admission and the
 bounds: the experiment side's simulation of an omniscient adversary replaces the replies its
@@ -141,6 +142,8 @@ class ReplyPipeline:
             "robust": self.combine.rule,
             "clipping": self.combine.clip,
             "privacy": self.privacy,
+            # the clip a robust rule falls back to, where it is not ``clipping``
+            "robust_fallback": getattr(self.combine, "fallback", None),
         }
 
     def load_state_dict(self, state: Mapping) -> dict:
@@ -158,6 +161,10 @@ class ReplyPipeline:
                 setattr(part, attribute, dict(rest.pop(name)))
         bound.extra = dict(rest.pop("extra_norm_bounds", bound.extra))
         self.attach(rest.pop("robust", None), rest.pop("clipping", None), rest.pop("privacy", None))
+        fallback = rest.pop("robust_fallback", None)
+        if fallback is not None and hasattr(self.combine, "fallback"):
+            clip = self.combine.clip
+            self.combine.fallback = clip if clip is not None else fallback
         return rest
 
     def attach(
@@ -170,6 +177,8 @@ class ReplyPipeline:
         if robust is not None and self.combine.rule is not None:
             self.combine.rule = robust
         if clipping is not None and self.combine.clip is not None:
+            if getattr(self.combine, "fallback", None) is self.combine.clip:
+                self.combine.fallback = clipping
             self.combine.clip = clipping
         if privacy is not None and self.privacy is not None:
             self.privacy = privacy
@@ -221,7 +230,9 @@ def build(
     if central:
         combine: Combine = CentralDP(mechanism, byzantine)
     elif rule is not None:
-        combine = RobustRule(rule, byzantine, clip)
+        # where the rule cannot take a round with its f: the default defence, at its defaults
+        fallback = clip or AdaptiveClipping(growth=update_norm_growth)
+        combine = RobustRule(rule, byzantine, clip, fallback)
     elif clip is not None:
         combine = ClippedMean(clip, byzantine)
     else:

@@ -28,13 +28,12 @@ Every reply goes through the admit, bound and combine stages of pflower's own st
 (``bound.UpdateNormBound``: every update at most ``max_update_norm`` x a reference that starts at
 the model's norm and grows at most ``update_norm_growth`` per round) at every round size, and the
 rule with its f (``combine.RobustRule``), whose preconditions (breakdown point for ``byzantine``,
-Multi-Krum's m <= N - f) are checked every round against the replies kept. ``byzantine`` = f bounds
-the faulty nodes of a round, so each node asked that left no kept reply (dropped, an error, silent)
-is one of them and the kept replies hold at most ``f_kept = f - (asked - kept)``: the rule runs with
-``f_kept``; where it cannot and ``f_kept`` = 0 the kept replies are all honest and their mean is
-taken; otherwise the round is skipped and counted (``skipped``), never combined with an f below
-``f_kept``. A round that aggregates nothing keeps the model, and ``Result.arrays`` is always the
-last good model (the initial one if no round aggregated).
+Multi-Krum's m <= N - f) are checked every round against the replies kept. ``byzantine`` = f
+Byzantine replies among those kept, whatever else the round lost (a failed device is not an
+attacker); a round the rule cannot take with its f falls back to the default defence's clip
+(counted in ``fallbacks``), never to a plain mean, never skipped. A round that aggregates
+nothing keeps the model, and ``Result.arrays`` is always the last good model (the initial
+one if no round aggregated).
 
 Every array keeps its shape and dtype (a 0-dim scalar parameter comes back 0-dim). Like
 Flower's own strategies, ``aggregate_train`` also aggregates replies it did not ask for (no
@@ -65,7 +64,7 @@ from pflower.strategies import aggregators
 from pflower.strategies.admit import Admit
 from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.bound import Bound
-from pflower.strategies.combine import RobustRule, RoundSkipped
+from pflower.strategies.combine import AdaptiveClipping, RobustRule
 from pflower.strategies.pipeline import ReplyPipeline
 from pflower.strategies.rounds import Round
 from pflower.strategies.settle import Settle
@@ -103,14 +102,16 @@ class RobustFedAvg(FedAvg):
         **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
-        combine = RobustRule(aggregator, byzantine)  # refuses a negative f
+        # refuses a negative f; the rounds the rule cannot take: the default defence's clip
+        fallback = AdaptiveClipping(growth=update_norm_growth)
+        combine = RobustRule(aggregator, byzantine, fallback=fallback)
         # unweighted rules, and Flower's metrics of the replies as sent: no claim bound
         bound = Bound(max_update_norm, update_norm_growth, weigh=False)
         admit = Admit(by_norm=bool(bound.norm.factor), count_key=self.weighted_by_key)
         self.pipeline = ReplyPipeline(admit, bound, combine, Settle(0))
         self.aggregator, self.byzantine = aggregator, byzantine
         self.dropped: dict[str, int] = {}  # reason -> count, over the run
-        self.skipped = 0  # rounds that could not meet the rule's preconditions
+        self.fallbacks = 0  # rounds the rule could not take with its f: the clip took them
         self._current: ArrayRecord | None = None
         self._out: list[Message] = []
 
@@ -168,14 +169,12 @@ class RobustFedAvg(FedAvg):
         if not updates:
             log.warning("round %d: no usable reply; the model is unchanged", server_round)
             return self._current, None
-        try:  # f counts the round's faulty nodes (``combine.RobustRule``)
-            step = self.pipeline.combine(
-                rnd, [u.tensors for u in updates], [1.0] * len(updates), rnd.current
-            )
-        except RoundSkipped as problem:  # too few replies left for the rule and f
-            self.skipped += 1
-            log.warning("round %d: skipped, the model is unchanged: %s", server_round, problem)
-            return self._current, None
+        rnd.nodes = [u.node_id for u in updates]
+        # the rule with its f among the kept replies, or the clip (``combine.RobustRule``)
+        step = self.pipeline.combine(
+            rnd, [u.tensors for u in updates], [1.0] * len(updates), rnd.current
+        )
+        self.fallbacks += rnd.fell_back
         current = rnd.current
         # np.asarray, not np.ascontiguousarray: that one turns a 0-dim array into shape (1,)
         arrays = ArrayRecord(

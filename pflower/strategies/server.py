@@ -25,7 +25,7 @@ from pflower.settings import RunSettings
 from pflower.strategies import pipeline as pipelines
 from pflower.strategies.aggregators import Aggregator
 from pflower.strategies.bound import CLAIMS_CAPPED
-from pflower.strategies.combine import AdaptiveClipping, RoundSkipped, weighted_mean
+from pflower.strategies.combine import AdaptiveClipping, weighted_mean
 from pflower.strategies.evaluation import EvaluationPlan
 from pflower.strategies.exchange import Exchange
 from pflower.strategies.history import RoundLog, summarize_clients, weighted_mean_metrics
@@ -52,7 +52,7 @@ from pflower.wire import (
     to_record,
 )
 
-__all__ = ["PersonalizedStrategy", "RoundSkipped"]
+__all__ = ["PersonalizedStrategy"]
 
 # A child of Flower's logger, so our records go wherever Flower's go (console, `flwr log`).
 log = logging.getLogger("flwr.pflower")
@@ -492,7 +492,7 @@ class PersonalizedStrategy(Strategy):
     ) -> dict[str, np.ndarray]:
         """The round's update vectors (``vectors``, or ``center - vectors[i]``) through the
         combine stage in float64 (``combine``; ``kind``: their record where they are not the
-        replies' updates). Raises ``RoundSkipped`` where the rule cannot tolerate the f."""
+        replies' updates)."""
         rnd = self._round or Round(0, reply_key=self.reply_key, kind=self.reply_key)  # alone
         return self.pipeline.combine(rnd, vectors, weights, center, kind)
 
@@ -543,16 +543,12 @@ class PersonalizedStrategy(Strategy):
         metrics["dropped"] = rnd.answered - len(updates)
         if rnd.claims_capped:  # kept, weighed at the cap (``bound.ClaimBound``)
             metrics[CLAIMS_CAPPED] = rnd.claims_capped
-        new = None
-        try:  # under central DP every round is a release, one without replies too
-            new = self._step(rnd, updates) if updates or self.central_dp else None
-            if new is None:
-                log.warning("round %d: no usable reply; the shared parameters are unchanged",
-                            server_round)  # fmt: skip
-        except RoundSkipped as skipped:  # too few replies left for the robust rule
-            log.warning("round %d: skipped, the shared parameters are unchanged: %s",
-                        server_round, skipped)  # fmt: skip
-            metrics.update(applied=0, skipped=1)
+        # under central DP every round is a release, one without replies too
+        new = self._step(rnd, updates) if updates or self.central_dp else None
+        if new is None:
+            log.warning(
+                "round %d: no usable reply; the shared parameters are unchanged", server_round
+            )
         applied = len(updates) if new is not None else 0
         if applied:
             metrics.update(self.round_metrics(updates))
