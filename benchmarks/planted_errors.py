@@ -29,6 +29,7 @@ T = "tests/"
 EXACT = [f"{T}test_exact_rounds.py", f"{T}test_bring_your_own.py"]
 PRIVACY = f"{T}test_privacy.py::"
 DEFENCE = f"{T}test_default_defence.py"
+LOCKOUT = f"{T}test_lockout.py"
 #: issue 46 items 1, 2, 8: decisions local to the reply, the sensitivity end to end, the sample
 DPR = f"{T}test_dp_release.py::"
 SENSITIVITY = DPR + "test_one_clients_replies_move_each_rounds_pre_noise_sum_by_at_most_the_clip"
@@ -72,6 +73,25 @@ class Plant:
 
 
 PLANTS = [
+    # --- no lockout: a round whose replies show the model was taken (issue 60) -------------
+    Plant(
+        "lockout: a taken round is never judged (its attackers' replies applied)",
+        "pflower/strategies/settle.py",
+        [("        if not self.enabled or not size or size < kept:", "        if True:")],
+        [LOCKOUT],
+    ),
+    Plant(
+        "lockout: a taken round's kept replies applied all the same",
+        "pflower/strategies/server.py",
+        [('            updates, metrics["applied"] = [], 0', '            metrics["applied"] = 0')],
+        [LOCKOUT],
+    ),
+    Plant(
+        "lockout: a taken round keeps the taken theta instead of going back",
+        "pflower/strategies/settle.py",
+        [("            rnd.taken = back\n", "            rnd.taken = (rnd.number, sent)\n")],
+        [LOCKOUT],
+    ),
     # --- the default defence (issue 45) -------------------------------------------------
     Plant(
         "default defence: FFGG's rule (geometric median) taken under DP too",
@@ -935,8 +955,8 @@ PLANTS = [
         "pflower/strategies/server.py",
         [
             (
-                "new = self._step(rnd, updates) if updates or self.central_dp else None",
-                "new = self._step(rnd, updates) if updates else None",
+                "if updates or (self.central_dp and back is None) else None",
+                "if updates else None",
             ),
         ],
         [PRIVACY + "test_a_round_that_keeps_no_reply_is_released_with_noise_and_counted"],

@@ -6,17 +6,19 @@
                error,     (the experiment side's:         update    mean |      server   round
                handshake,  the omniscient attack's         size,    clipped     optimizer log,
                layout,     simulation)                     claims   mean |               failed
-               finite,                                              robust(f) |          rounds,
-               metrics                                              central DP           resets
+               finite,                                     [taken?  robust(f) |          rounds,
+               metrics                                      rollback] central DP         resets
 
-Each stage is a module with its guarantee in its docstring: ``admit``, ``bound``, ``combine``
-(one class per mode), ``server_opt`` (apply: the server optimizer the algorithm steps with)
-and ``settle``. A stage takes the round (``rounds.Round``) and the replies or updates as
-arguments and writes what it finds into the round; stages may keep per-node state across
-rounds (the bounds' references, the clip's norms, the settle stage's counts) and see the
-whole round. The round loop (``server.PersonalizedStrategy``, ``AsyncFFGG``, and
-``RobustFedAvg`` inside Flower's own FedAvg) calls the pipeline; the algorithm's
-``aggregate`` calls the combine stage with its vectors and weights, and its server optimizer.
+Each stage is a module with its guarantee in its docstring: ``admit``, ``bound``,
+``combine`` (one class per mode), ``server_opt`` (apply: the server optimizer the algorithm
+steps with) and ``settle`` (with ``settle.Rollback``, which judges a round before it is
+combined: one whose replies show that the model was taken is not applied, and theta goes
+back). A stage takes the round (``rounds.Round``) and the replies or updates as arguments
+and writes what it finds into the round; stages may keep per-node state across rounds (the
+bounds' references, the clip's norms, the settle stage's counts) and see the whole round.
+The round loop (``server.PersonalizedStrategy``, ``AsyncFFGG``, and ``RobustFedAvg`` inside
+Flower's own FedAvg) calls the pipeline; the algorithm's ``aggregate`` calls the combine
+stage with its vectors and weights, and its server optimizer.
 
 ``build`` assembles a pipeline from the settings and is the one place that decides which
 modes compose: differential privacy replaces every statistic across replies (central DP:
@@ -56,7 +58,7 @@ from pflower.strategies.combine import (
 )
 from pflower.strategies.privacy import DPSettings, Mechanism
 from pflower.strategies.rounds import Round
-from pflower.strategies.settle import Settle
+from pflower.strategies.settle import Rollback, Settle
 from pflower.wire import OMNISCIENT_TAG, ClientUpdate
 
 if TYPE_CHECKING:
@@ -80,6 +82,8 @@ class ReplyPipeline:
     settle : Settle
     privacy : Mechanism or None (default: None)
         The differential-privacy mechanism whose accountant counts the releases.
+    rollback : Rollback or None (default: a new one)
+        The judge of a round that shows the model was taken (``settle.Rollback``).
     """
 
     def __init__(
@@ -89,9 +93,10 @@ class ReplyPipeline:
         combine: Combine,
         settle: Settle,
         privacy: Mechanism | None = None,
+        rollback: Rollback | None = None,
     ) -> None:
         self.admit, self.bound, self.combine, self.settle = admit, bound, combine, settle
-        self.privacy = privacy
+        self.privacy, self.rollback = privacy, rollback or Rollback()
         self.inserted: list[Stage] = []
 
     def insert(self, stage: Stage) -> None:
@@ -144,6 +149,7 @@ class ReplyPipeline:
             "privacy": self.privacy,
             # the clip a robust rule falls back to, where it is not ``clipping``
             "robust_fallback": getattr(self.combine, "fallback", None),
+            "last_good": self.rollback.last_good,  # the parameters a taken round goes back to
         }
 
     def load_state_dict(self, state: Mapping) -> dict:
@@ -161,6 +167,7 @@ class ReplyPipeline:
                 setattr(part, attribute, dict(rest.pop(name)))
         bound.extra = dict(rest.pop("extra_norm_bounds", bound.extra))
         self.attach(rest.pop("robust", None), rest.pop("clipping", None), rest.pop("privacy", None))
+        self.rollback.last_good = rest.pop("last_good", self.rollback.last_good)
         fallback = rest.pop("robust_fallback", None)
         if fallback is not None and hasattr(self.combine, "fallback"):
             clip = self.combine.clip

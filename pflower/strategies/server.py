@@ -543,12 +543,15 @@ class PersonalizedStrategy(Strategy):
         metrics["dropped"] = rnd.answered - len(updates)
         if rnd.claims_capped:  # kept, weighed at the cap (``bound.ClaimBound``)
             metrics[CLAIMS_CAPPED] = rnd.claims_capped
+        back = self.pipeline.rollback(rnd, len(updates), self._current)  # the model taken?
+        if back is not None:  # its replies are not applied, theta goes back
+            updates, metrics["applied"] = [], 0
+            metrics.update({"model-taken": 1, "rolled-back-to": rnd.taken[0]})
         # under central DP every round is a release, one without replies too
-        new = self._step(rnd, updates) if updates or self.central_dp else None
-        if new is None:
-            log.warning(
-                "round %d: no usable reply; the shared parameters are unchanged", server_round
-            )
+        new = self._step(rnd, updates) if updates or (self.central_dp and back is None) else None
+        if new is None and back is None:
+            log.warning("round %d: no usable reply; the shared parameters are unchanged",
+                        server_round)  # fmt: skip
         applied = len(updates) if new is not None else 0
         if applied:
             metrics.update(self.round_metrics(updates))
@@ -560,7 +563,7 @@ class PersonalizedStrategy(Strategy):
         entry.train = metrics
         self.pipeline.settle(rnd, applied)  # resets, and the run stopped after failed rounds
         if new is None:
-            return self._current, MetricRecord(metrics)
+            return back or self._current, MetricRecord(metrics)
         # np.asarray, not np.ascontiguousarray: that one turns a 0-dim array into shape (1,),
         # which the clients then refuse as a layout they do not hold; to_array: the .npy
         # bytes of Array(ndarray), the values copied once

@@ -5,6 +5,10 @@ reply was applied (all dropped, or skipped) stop the run with ``RunFailed``, lis
 round's drop reasons: a misconfigured federation fails loudly instead of saving an untrained
 model as its result.
 
+**A taken model** (``Rollback``). A round whose replies show that a Byzantine majority took
+theta (as many dropped for their size as kept) is not applied: theta goes back to the last
+good round's, and the round counts as one that applied nothing.
+
 **Recovery.** A node whose replies were dropped for their values (non-finite, update norm) in
 ``RESET_AFTER`` consecutive training rounds gets ``personal-reset`` in its next training
 message: it starts that round from the personal init, so stored state of its own that makes
@@ -13,9 +17,14 @@ its replies huge cannot keep it out of the federation for good.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 
+from flwr.app import ArrayRecord
+
 from pflower.strategies.rounds import Round
+
+log = logging.getLogger("flwr.pflower")
 
 #: consecutive value drops (non-finite, update norm) after which a node is sent personal-reset
 RESET_AFTER = 2
@@ -76,3 +85,55 @@ class Settle:
     def restart(self) -> None:
         """A new run: no failed round, no value drop yet."""
         self.failed_rounds, self.value_drops = 0, {}
+
+
+class Rollback:
+    """Undo a round whose replies show that the model was taken.
+
+    A Byzantine majority of one round can move theta far enough that the honest clients'
+    next updates exceed the update-norm bound while the attackers stay just under it: from
+    then on only hostile replies would be applied (a *lockout*), and the run would report
+    success. A training round in which at least as many replies were dropped for their size
+    (``update norm ...``) as were kept, and at least one, is *taken*: its kept replies are not
+    applied and theta goes back to the parameters of the last round that was not taken (the
+    last good theta), counted (``model-taken``, ``rolled-back-to``) and as a round that
+    applied nothing, so that ``max-failed-rounds`` taken rounds in a row fail the run loudly.
+    An honest round never drops a majority for its size (the bound is 1000 x the replies'
+    lower median norm), so a clean run never rolls back.
+
+    Parameters
+    ----------
+    enabled : bool (default: True)
+        False: no round is judged (the size drops are only counted).
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.last_good: tuple[int, ArrayRecord] | None = None  # (round, parameters sent)
+
+    def __call__(self, rnd: Round, kept: int, sent: ArrayRecord) -> ArrayRecord | None:
+        """The parameters to go back to when ``rnd`` (``kept`` replies kept, ``sent`` the
+        parameters it sent) was taken; None when it was not (then ``sent`` is the last good
+        theta)."""
+        size = sum(n for reason, n in rnd.dropped.items() if reason.startswith("update norm"))
+        if not self.enabled or not size or size < kept:
+            self.last_good = (rnd.number, sent)
+            return None
+        back = self.last_good
+        if back is None or _layout(back[1]) != _layout(sent):  # none, or of another phase
+            rnd.taken = (rnd.number, sent)
+        else:
+            rnd.taken = back
+        log.warning(
+            "round %d: %d replies dropped for their size, %d kept: the model was taken; its "
+            "replies are not applied, the parameters are round %d's",
+            rnd.number,
+            size,
+            kept,
+            rnd.taken[0],
+        )
+        return rnd.taken[1]
+
+
+def _layout(record: ArrayRecord) -> dict:
+    return {k: (tuple(a.shape), a.dtype) for k, a in record.items()}
