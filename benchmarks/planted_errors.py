@@ -77,7 +77,7 @@ PLANTS = [
     Plant(
         "lockout: a taken round is never judged (its attackers' replies applied)",
         "pflower/strategies/settle.py",
-        [("        if not self.enabled or not size or size < kept:", "        if True:")],
+        [("        if not self.enabled or size <= kept:", "        if True:")],
         [LOCKOUT],
     ),
     Plant(
@@ -1126,7 +1126,7 @@ PLANTS = [
                 "if not self.pipeline.combine.weighted and not self.central_dp:",
             ),
         ],
-        [SENSITIVITY + "[pflego]"],
+        [SENSITIVITY + "[pflego]", DPR + "test_the_server_step_takes_the_release_alone[pflego]"],
     ),
     Plant(
         "dp release: Scaffold's c moves by the replies kept, not the planned sample",

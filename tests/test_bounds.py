@@ -375,8 +375,9 @@ def test_a_lone_attacker_before_seeding_cannot_raise_the_scale(monkeypatch):
     was S_t, which each accepted reply raised, and the reference seeded from it grew a
     millionfold in 20 such rounds); once the honest nodes are back the seeded reference is
     at most max(S_1 / K, the largest honest norm) (the threat model's guarantee). The
-    update-norm bound alone (``robust-aggregator = "none"``): the default defence would apply
-    none of node 0's replies here, no other node's norm vouching for them
+    update-norm bound alone (``robust-aggregator = "none"``); a round that drops node 0's
+    reply is taken (settle.Rollback), theta back to the last good round's. The default
+    defence would apply none of node 0's replies here, no other node's norm vouching for them
     (tests/test_default_defence.py)."""
     rounds = []
     real = UpdateNormBound.bound
@@ -409,7 +410,11 @@ def test_a_lone_attacker_before_seeding_cannot_raise_the_scale(monkeypatch):
     unseeded = [out for _, _, out, ref in rounds if not ref]
     assert len(unseeded) == late and max(unseeded) <= s_1 * (1 + 1e-12)
     assert max(scale for _, scale, _, _ in rounds[:late]) > 1.05 * s_1  # S_t did grow
-    assert drops(report, "update norm") >= late - 1  # each growth past S_1 is dropped
+    # each growth past S_1 is dropped, and its round (1 dropped for its size, 0 kept) undone:
+    # theta goes back to the last good round's, so node 0 never builds on its own replies
+    taken = [e for e in report.rounds if e.train and e.train.get("model-taken")]
+    assert drops(report, "update norm") >= 2 and len(taken) == drops(report, "update norm")
+    assert all(e.train["rolled-back-to"] == e.round - 1 for e in taken)
     honest = max(n for norms, *_ in rounds[late:] for n in norms)
     assert rounds[-1][3][True] <= max(s_1 / 1000, honest) * (1 + 1e-12)
 

@@ -43,6 +43,7 @@ from pflower.strategies import ALGORITHMS
 from pflower.strategies.nodes import NodeSampler, SecretRandom
 from pflower.strategies.privacy import DPSettings, Mechanism
 from pflower.strategies.scaffold import CONTROL_DELTA
+from pflower.strategies.server_opt import ServerOptimizer
 from pflower.testbed.local_grid import LocalGrid
 
 C = 0.5  # dp-clip
@@ -346,6 +347,31 @@ def private(cls, mode: str = "central", fraction: float = 1.0, noise: float = 0.
     strategy = cls(fraction_train=fraction, privacy=settings, max_failed_rounds=0)
     strategy.num_rounds = 5
     return strategy
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "pflego"])
+def test_the_server_step_takes_the_release_alone(algorithm, quick, means, tmp_path, monkeypatch):
+    """Post-processing: in every round under central DP the server optimizer steps along the
+    released mean itself, nothing computed from the replies beside it. PFLEGO's alpha-sum
+    scales its mean by the mass (I / r_t) sum_i N_i / sum_j N_j, which the claims move (the
+    adversary's claim of 1e12 in round 3): under central DP its Adam gets the release."""
+    steps: list[dict[str, np.ndarray]] = []
+    real = ServerOptimizer.step
+
+    def spy(self, current, gradient):
+        steps.append({k: np.array(v, dtype=np.float64) for k, v in gradient.items()})
+        return real(self, current, gradient)
+
+    monkeypatch.setattr(ServerOptimizer, "step", spy)
+    # clients of unequal sizes (2 classes each, uncapped): the mass is 1 for equal ones
+    unequal = {"partitioner": "pathological", "max-train-samples": 0}
+    run_scripted({**RUN, **unequal, "algorithm": algorithm}, tmp_path, adversary=True)
+    # the main phase's rounds (pre-training applies theta minus the release, no optimizer)
+    assert len(means) == len(SCHEDULE) and len(steps) == RUN["num-server-rounds"]
+    for step, release in zip(steps, means[-len(steps) :]):
+        assert step.keys() == release.keys()
+        for k in step:
+            np.testing.assert_array_equal(step[k], release[k])
 
 
 def test_under_central_dp_no_norm_reference_or_claim_median_decides_about_a_reply(task_identity):

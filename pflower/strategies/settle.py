@@ -6,7 +6,7 @@ round's drop reasons: a misconfigured federation fails loudly instead of saving 
 model as its result.
 
 **A taken model** (``Rollback``). A round whose replies show that a Byzantine majority took
-theta (as many dropped for their size as kept) is not applied: theta goes back to the last
+theta (more replies dropped for their size than kept) is not applied: theta goes back to the last
 good round's, and the round counts as one that applied nothing.
 
 **Recovery.** A node whose replies were dropped for their values (non-finite, update norm) in
@@ -93,13 +93,15 @@ class Rollback:
     A Byzantine majority of one round can move theta far enough that the honest clients'
     next updates exceed the update-norm bound while the attackers stay just under it: from
     then on only hostile replies would be applied (a *lockout*), and the run would report
-    success. A training round in which at least as many replies were dropped for their size
-    (``update norm ...``) as were kept, and at least one, is *taken*: its kept replies are not
+    success. A training round in which more replies were dropped for their size (``update
+    norm ...``) than were kept is *taken*: its kept replies are not
     applied and theta goes back to the parameters of the last round that was not taken (the
     last good theta), counted (``model-taken``, ``rolled-back-to``) and as a round that
     applied nothing, so that ``max-failed-rounds`` taken rounds in a row fail the run loudly.
     An honest round never drops a majority for its size (the bound is 1000 x the replies'
-    lower median norm), so a clean run never rolls back.
+    lower median norm), so a clean run never rolls back. A tie (one of two) is not judged:
+    the replies cannot say which side is hostile, and the bound has already dropped the
+    larger one.
 
     Parameters
     ----------
@@ -116,7 +118,7 @@ class Rollback:
         parameters it sent) was taken; None when it was not (then ``sent`` is the last good
         theta)."""
         size = sum(n for reason, n in rnd.dropped.items() if reason.startswith("update norm"))
-        if not self.enabled or not size or size < kept:
+        if not self.enabled or size <= kept:
             self.last_good = (rnd.number, sent)
             return None
         back = self.last_good
