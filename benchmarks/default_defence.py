@@ -19,6 +19,18 @@ that median- and distance-based rules pick. It needs no bound to aim at: it is t
 against median-based rules (BR-FFGG's bucketed median, FFGG's geometric median) rather
 than against clipping.
 
+``--attack ipm`` (``--epsilon``), ``min-max`` and ``min-sum`` (``--direction``: Shejwalkar &
+Houmansadr's aggregation-agnostic attacks, gamma by their search) are the other omniscient
+attacks the testbed simulates on the server (``pflower.testbed.attacks``). ``--attack
+label-flip`` trains on the labels C - 1 - y; ``--attack backdoor`` trains with a 4 x 4 trigger
+relabelled 0 on half of its examples and boosts that update along itself to the adaptive
+attacker's size (``pflower.testbed.backdoor``); every node then probes the backdoor, in the
+clean run too, and the table reports its success on the honest clients' personalized models
+(all of them, and those whose data hold class 0), clean -> attacked. Every run also counts the
+*hostile-only rounds*: training rounds that applied replies, all of them from attackers,
+while honest nodes had been asked (their replies dropped, failed or late): the lockout that
+``settle.Rollback`` is there to stop. ``--byzantine 0 1 2`` makes three of the ten attack.
+
 Two controls tell the attack from the metric's own resolution on one seed. ``--attack null``
 is no attack: the node sends its honest update scaled by 1 + 1e-3 (does a tiny perturbation
 make the two runs' trajectories part?). ``--attack random`` sends a random direction (drawn
@@ -71,8 +83,10 @@ from pflower.client_app import build_client_app
 from pflower.config import Config
 from pflower.server_app import run as run_on
 from pflower.strategies.bound import provisional_scale
+from pflower.strategies.pipeline import ReplyPipeline
 from pflower.strategies.server import PersonalizedStrategy
-from pflower.testbed.attacks import omniscient_tag
+from pflower.testbed.attacks import OMNISCIENT, omniscient_tag
+from pflower.testbed.client_app import experiment_client_app
 from pflower.testbed.local_grid import LocalGrid
 from pflower.testbed.server_app import attach
 from pflower.wire import ARRAYS, array_view
@@ -127,6 +141,20 @@ def _watch() -> None:
 
     configure_train._watched = True
     PersonalizedStrategy.configure_train = configure_train
+    updates = ReplyPipeline.updates
+
+    def kept(self, rnd, replies):
+        out = updates(self, rnd, replies)
+        strategy = _RUN.get("strategy")
+        if strategy is not None:  # a training round's replies (evaluation has its own way)
+            partition = strategy.nodes.partition_of.get
+            _RUN.setdefault("kept", {})[rnd.number] = (
+                {partition(n) for n in rnd.asked},
+                {partition(u.node_id) for u in out},
+            )
+        return out
+
+    ReplyPipeline.updates = kept
 
 
 def accepted_norm(strategy: PersonalizedStrategy, weights: bool) -> float:
@@ -144,8 +172,22 @@ def accepted_norm(strategy: PersonalizedStrategy, weights: bool) -> float:
     return scale if reference is None else bound.factor * reference
 
 
-def byzantine_app(overrides: dict, who: set[int], claim: float, attack: str) -> ClientApp:
-    honest = build_client_app(overrides)
+#: attacks that train on the node's own corrupted data (the testbed's experiment ClientApp)
+DATA_ATTACKS = ("label-flip", "backdoor")
+#: the backdoor: a 4 x 4 trigger relabelled 0 on half the attacker's examples; every node
+#: probes it (clean runs too), so that attack success is measured clean and attacked
+BACKDOOR = {"backdoor-target": 0, "backdoor-trigger": 4}
+
+
+def byzantine_app(
+    overrides: dict, who: set[int], claim: float, attack: str, omniscient: dict | None = None
+) -> ClientApp:
+    """The federation's ClientApp: honest nodes run pflower's; the nodes ``who`` attack. The
+    data attacks train through the experiment ClientApp (node configs ``node_configs``); the
+    backdoor's update is then boosted to the adaptive attacker's size, along itself."""
+    honest = (
+        experiment_client_app(overrides) if attack in DATA_ATTACKS else build_client_app(overrides)
+    )
     app = ClientApp()
 
     @app.train()
@@ -153,9 +195,11 @@ def byzantine_app(overrides: dict, who: set[int], claim: float, attack: str) -> 
         reply = honest(msg, context)
         if int(context.node_config["partition-id"]) not in who or reply.has_error():
             return reply
-        if attack == "alie":  # the server replaces the tagged reply (the module docstring)
-            tag = omniscient_tag("alie", {}, attack_simulation=True)
+        if attack in OMNISCIENT:  # the server replaces the tagged reply (the module docstring)
+            tag = omniscient_tag(attack, omniscient or {}, attack_simulation=True)
             reply.content["metrics"].update(tag)
+            return _claimed(reply, claim)
+        if attack == "label-flip":  # its update as trained on the flipped labels
             return _claimed(reply, claim)
         key = next(k for k in REPLY_KEYS if k in reply.content)
         weights = key == ARRAYS
@@ -176,7 +220,12 @@ def byzantine_app(overrides: dict, who: set[int], claim: float, attack: str) -> 
             )
             own = {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in own.items()}
             size = math.sqrt(sum(float(np.square(v, dtype=np.float64).sum()) for v in own.values()))
-        factor = 1.0 + 1e-3 if attack in ("null", "absent") else -target / max(size, 1e-12)
+        if attack in ("null", "absent"):
+            factor = 1.0 + 1e-3
+        elif attack == "backdoor":  # boosted along itself, just inside the bound
+            factor = max(1.0, target / max(size, 1e-12))
+        else:
+            factor = -target / max(size, 1e-12)
         bad = {k: factor * v.astype(np.float64) for k, v in own.items()}
         reply.content[key] = ArrayRecord(
             {
@@ -212,12 +261,22 @@ def one_run(
     last: int = 5,
     attack: str = "adaptive",
     byzantine: set[int] | None = None,
+    omniscient: dict | None = None,
 ) -> dict:
     """One run with the nodes ``who`` attacking (none: the clean run); "honest" figures leave
     out the test sets of ``byzantine`` (default ``who``): the clean run's must leave out the
-    same clients as the attacked run's, or the two compare different sets of clients."""
+    same clients as the attacked run's, or the two compare different sets of clients. With
+    ``attack`` = backdoor every node probes the backdoor, in the clean run too."""
     cfg = Config.from_run_config(overrides)
-    app = byzantine_app(overrides, who, claim, attack) if who else build_client_app(overrides)
+    node_configs = {i: dict(BACKDOOR) for i in range(NUM_NODES)} if attack == "backdoor" else {}
+    for i in who if attack in DATA_ATTACKS else ():
+        node_configs.setdefault(i, {})["byzantine"] = attack
+    if who:
+        app = byzantine_app(overrides, who, claim, attack, omniscient)
+    elif node_configs:  # the clean run's probe
+        app = experiment_client_app(overrides)
+    else:
+        app = build_client_app(overrides)
     byzantine = who if byzantine is None else byzantine
     _RUN.clear()
     started = time.process_time()
@@ -228,7 +287,7 @@ def one_run(
             contextlib.redirect_stdout(io.StringIO()),
             tempfile.TemporaryDirectory(prefix="pflower-defence-") as scratch,
         ):
-            grid = LocalGrid(app, NUM_NODES, seed=cfg.seed)
+            grid = LocalGrid(app, NUM_NODES, seed=cfg.seed, node_configs=node_configs)
             rep = run_on(grid, cfg, out=Path(scratch), prepare=attach)
     except Exception as err:  # the run stopped: that is the result
         return {"error": f"{type(err).__name__}: {str(err)[:300]}"}
@@ -240,41 +299,105 @@ def one_run(
             dropped[key] = dropped.get(key, 0) + n
         clipped += int(entry.train.get("clipped", 0))
     final = rep.final
-    honest = [r for r in rep.clients if int(r.get("partition-id", -1)) not in byzantine]
-    examples = sum(r["num-examples"] for r in honest)
+    # training rounds in which replies were applied, every one of them hostile, while honest
+    # nodes had been asked (a taken round applies nothing)
+    taken = {e.round for e in rep.rounds if e.train.get("model-taken")}
+    hostile_only = [
+        r
+        for r, (asked, kept) in sorted(_RUN.get("kept", {}).items())
+        if kept and kept <= who and asked - who and r not in taken
+    ]
     tail = [r.evaluate["personal-accuracy"] for r in rep.rounds if r.evaluate][-last:]
-    return {
+    keys = ("partition-id", "num-examples", "personal-accuracy", *PROBE_METRICS)
+    out = {
         # the mean over the last `last` evaluated rounds (the module's docstring says why)
         "personal-accuracy": float(np.mean(tail)) if tail else None,
         "final-personal-accuracy": final.get("personal-accuracy"),
-        # the honest clients' pooled accuracy: what the defence must protect (a Byzantine
-        # node's own test set is left out)
+        "global-accuracy": final.get("global-accuracy"),
+        "dropped": dropped,
+        "clipped": clipped,
+        "hostile-only-rounds": hostile_only,
+        "taken-rounds": sorted(taken),
+        "cpu-s": round(time.process_time() - started, 1),
+        # the final evaluation, per client: the honest figures of any set of attackers
+        "clients": [{k: r[k] for k in keys if k in r} for r in rep.clients],
+    }
+    return {**out, **honest_figures(out, byzantine)}
+
+
+#: what the backdoor probe adds to a client's evaluation (``pflower.testbed.backdoor``)
+PROBE_METRICS = ("backdoor-success", "global-backdoor-success", "backdoor-holds-target")
+
+
+def honest_figures(run: dict, byzantine: set[int]) -> dict:
+    """The honest clients' figures of a run (its final per-client rows, the test sets of
+    ``byzantine`` left out): their pooled personalized accuracy, what the defence must
+    protect, and the backdoor's mean success on them (all, and the target-class holders)."""
+    if "error" in run:
+        return {}
+    honest = [r for r in run["clients"] if int(r.get("partition-id", -1)) not in byzantine]
+    examples = sum(r["num-examples"] for r in honest)
+    out = {
         "honest-accuracy": (
             sum(r["personal-accuracy"] * r["num-examples"] for r in honest) / examples
             if examples and all("personal-accuracy" in r for r in honest)
             else None
-        ),
-        "global-accuracy": final.get("global-accuracy"),
-        "dropped": dropped,
-        "clipped": clipped,
-        "cpu-s": round(time.process_time() - started, 1),
+        )
     }
+    for key in ("backdoor-success", "global-backdoor-success"):
+        for name, rows in (
+            ("", honest),
+            ("-target-holders", [r for r in honest if r.get("backdoor-holds-target")]),
+        ):
+            values = [r[key] for r in rows if key in r]
+            if values:
+                out[key + name] = float(np.mean(values))
+    return out
+
+
+def parse_attack(spec: str) -> tuple[str, dict]:
+    """``name`` or ``name:value``: IPM's epsilon (``ipm:100``), Min-Max / Min-Sum's
+    direction (``min-max:unit``); the omniscient node config it implies."""
+    name, _, value = spec.partition(":")
+    if name == "ipm":
+        return name, {"byzantine-epsilon": float(value or 0.1)}
+    if name in ("min-max", "min-sum"):
+        return name, {"byzantine-direction": value or "std"}
+    if value:
+        raise ValueError(f"attack {spec!r}: only ipm and min-max / min-sum take a value")
+    return name, {}
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--byzantine", nargs="+", type=int, default=[0])
+    parser.add_argument(
+        "--byzantine",
+        nargs="+",
+        type=int,
+        default=[0],
+        help="the attacking partitions (one set)",
+    )
+    parser.add_argument(
+        "--counts",
+        nargs="+",
+        type=int,
+        help="instead of --byzantine: one run per count k, partitions 0 .. k - 1 attacking",
+    )
     parser.add_argument("--claim", type=float, default=1.0)
     parser.add_argument(
         "--attack",
-        choices=("adaptive", "alie", "null", "random", "absent"),
-        default="adaptive",
-        help="adaptive: the honest update turned around at the largest accepted norm; alie: "
-        "the omniscient mu - z sigma (simulated by the server); null: the honest update "
-        "x (1 + 1e-3); random: a random direction at the adaptive attacker's size; absent: a "
-        "reply the server drops (NaN), what a defence that recognised the attacker would leave",
+        nargs="+",
+        default=["adaptive"],
+        help="one or more of: adaptive (the honest update turned around at the largest "
+        "accepted norm); alie, ipm[:epsilon] (default 0.1), min-max[:direction], "
+        "min-sum[:direction] (std, unit or sign; default std): the omniscient attacks, "
+        "simulated by the server; label-flip (trains on labels C - 1 - y); backdoor (a 4x4 "
+        "trigger relabelled 0 on half its data, boosted to the adaptive size); null (the "
+        "honest update x (1 + 1e-3)); random (a random direction at the adaptive attacker's "
+        "size); absent (a reply the server drops: what a defence that recognised the "
+        "attacker would leave). One clean run per algorithm and seed serves them all",
     )
     parser.add_argument("--set", nargs="*", default=[], help="KEY=VALUE run-config overrides")
     parser.add_argument(
@@ -300,6 +423,12 @@ def main(argv=None) -> None:
     for item in args.set:
         key, value = item.split("=", 1)
         extra[key] = json.loads(value) if value[:1] in "0123456789-[{tf" else value
+    attacks = [(spec, *parse_attack(spec)) for spec in args.attack]
+    for _, name, _ in attacks:
+        if name not in ("adaptive", *OMNISCIENT, *DATA_ATTACKS, "null", "random", "absent"):
+            parser.error(f"--attack {name!r}: unknown")
+    sets = [set(range(k)) for k in args.counts] if args.counts else [set(args.byzantine)]
+    probe = "backdoor" if any(name == "backdoor" for _, name, _ in attacks) else "none"
     rows = []
     for algorithm in args.algorithms:
         for seed in args.seeds:
@@ -315,22 +444,30 @@ def main(argv=None) -> None:
                 # (the app's default samples in secret, a different sample each run)
                 "sample-seed": seed,
             }
-            if args.attack == "alie":  # in both runs: it changes nothing without a tag
-                overrides["attack-simulation"] = True
-            clean = one_run(overrides, set(), 1.0, args.last, byzantine=set(args.byzantine))
-            attacked = one_run(overrides, set(args.byzantine), args.claim, args.last, args.attack)
-            row = {"algorithm": algorithm, "seed": seed, "clean": clean, "attacked": attacked}
-            rows.append(row)
-            a, b = clean.get("personal-accuracy"), attacked.get("personal-accuracy")
-            ha, hb = clean.get("honest-accuracy"), attacked.get("honest-accuracy")
-            print(
-                f"{algorithm:11s} seed {seed}: clean {_pct(a)} attacked {_pct(b)} "
-                f"loss {_diff(a, b)} | honest clients: clean {_pct(ha)} attacked {_pct(hb)} "
-                f"loss {_diff(ha, hb)} | dropped {attacked.get('dropped', {})} clipped "
-                f"{attacked.get('clipped', 0)} (clean {clean.get('clipped', 0)}) "
-                f"{attacked.get('error', '')}",
-                flush=True,
-            )
+            if any(name in OMNISCIENT for _, name, _ in attacks):
+                overrides["attack-simulation"] = True  # changes nothing without a tag
+            # the backdoor's probe in the clean run too: its success clean -> attacked
+            clean = one_run(overrides, set(), 1.0, args.last, probe)
+            for spec, name, omniscient in attacks:
+                for byzantine in sets:
+                    attacked = one_run(
+                        overrides,
+                        byzantine,
+                        args.claim,
+                        args.last,
+                        name,
+                        omniscient=omniscient,
+                    )
+                    row = {
+                        "algorithm": algorithm,
+                        "seed": seed,
+                        "attack": spec,
+                        "byzantine": sorted(byzantine),
+                        "clean": {**clean, **honest_figures(clean, byzantine)},
+                        "attacked": attacked,
+                    }
+                    rows.append(row)
+                    _print(row)
     print(table(rows))
     if args.out:
         commit = subprocess.run(
@@ -351,16 +488,23 @@ def main(argv=None) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: per algorithm, the mean +- std over seeds of the clean and attacked
-    accuracies (all clients, and the honest ones) and of the loss."""
+    """Markdown: per attack, number of attackers and algorithm, the mean +- std over seeds of
+    the clean and attacked accuracies (all clients, and the honest ones) and of the loss, the
+    hostile-only rounds and the backdoor's success."""
     lines = [
-        "| algorithm | seeds | clean | attacked | loss | loss: s.e. | worst seed | seeds > 5 | "
-        "final round: loss | honest clean | honest attacked | honest loss | "
+        "| attack | of 10 | algorithm | seeds | clean | attacked | loss | loss: s.e. | "
+        "worst seed | seeds > 5 | final round: loss | honest clean | honest attacked | "
+        "honest loss | honest loss per seed | hostile-only rounds (runs with any) | "
+        "backdoor success, honest (clean → attacked) | target-class holders | "
         "clipped (attacked / clean) | dropped | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
-        mine = [r for r in rows if r["algorithm"] == algorithm]
+
+    def group(row: dict) -> tuple:
+        return row.get("attack", "adaptive"), len(row.get("byzantine", [0])), row["algorithm"]
+
+    for attack, count, algorithm in dict.fromkeys(group(r) for r in rows):
+        mine = [r for r in rows if group(r) == (attack, count, algorithm)]
 
         def stat(values) -> str:
             values = [100 * v for v in values if v is not None]
@@ -399,11 +543,52 @@ def table(rows: list[dict]) -> str:
         cells.insert(4, f"{100 * max(worst):.2f}" if worst else "-")
         cells.insert(5, f"{sum(100 * x > 5 for x in worst)} of {len(worst)}" if worst else "-")
         cells.insert(6, stat(loss("final-personal-accuracy")))
+        cells.append(" ".join(f"{100 * x:.1f}" for x in loss("honest-accuracy")) or "-")
+        hostile = [len(r["attacked"].get("hostile-only-rounds", [])) for r in mine]
+        cells.append(f"{sum(hostile)} ({sum(h > 0 for h in hostile)} of {len(mine)})")
+        for key in ("backdoor-success", "backdoor-success-target-holders"):
+            clean, hit = pair(key, "clean"), pair(key, "attacked")
+            if all(v is None for v in hit):
+                cells.append("-")
+                continue
+            cells.append(f"{_mean(clean):.2f} → {_mean(hit):.2f}")
         lines.append(
-            f"| {algorithm} | {len(mine)} | {' | '.join(cells)} | {clipped} | "
-            f"{dropped or '-'} | {errors} |"
+            f"| {attack} | {count} | {algorithm} | {len(mine)} | {' | '.join(cells)} | "
+            f"{clipped} | {dropped or '-'} | {errors} |"
         )
     return "\n".join(lines)
+
+
+def _print(row: dict) -> None:
+    clean, attacked = row["clean"], row["attacked"]
+    a, b = clean.get("personal-accuracy"), attacked.get("personal-accuracy")
+    ha, hb = clean.get("honest-accuracy"), attacked.get("honest-accuracy")
+    print(
+        f"{row['algorithm']:11s} seed {row['seed']} {row.get('attack', 'adaptive')} x "
+        f"{len(row.get('byzantine', [0]))}: clean {_pct(a)} attacked {_pct(b)} loss "
+        f"{_diff(a, b)} | honest clients: clean {_pct(ha)} attacked {_pct(hb)} loss "
+        f"{_diff(ha, hb)} | dropped {attacked.get('dropped', {})} clipped "
+        f"{attacked.get('clipped', 0)} (clean {clean.get('clipped', 0)}) hostile-only rounds "
+        f"{attacked.get('hostile-only-rounds', [])} "
+        + _success(clean, attacked)
+        + f"{attacked.get('error', '')}",
+        flush=True,
+    )
+
+
+def _mean(values) -> float:
+    known = [v for v in values if v is not None]
+    return float(np.mean(known)) if known else math.nan
+
+
+def _success(clean: dict, attacked: dict) -> str:
+    """The backdoor's success on the honest clients (their personalized models), clean ->
+    attacked, all and target-class holders; empty without a probe."""
+    out = []
+    for key in ("backdoor-success", "backdoor-success-target-holders"):
+        if key in attacked:
+            out.append(f"{key} {clean.get(key, float('nan')):.2f} -> {attacked[key]:.2f}")
+    return " ".join(out) + " " if out else ""
 
 
 def _diff(a, b) -> str:

@@ -768,6 +768,51 @@ PLANTS = [
         [("return -epsilon * honest.mean(dim=0)", "return epsilon * honest.mean(dim=0)")],
         [T + "test_attacks.py"],
     ),
+    # --- the strongest known attacks and the backdoor (issue 60) -------------------------
+    Plant(
+        "min-sum: bounded by the largest pairwise distance (Min-Max's limit)",
+        "pflower/testbed/attacks.py",
+        [
+            (
+                'limit = pairwise.max() if objective == "min-max" else '
+                "pairwise.sum(dim=1).max()",
+                "limit = pairwise.max()",
+            )
+        ],
+        [T + "test_attacks.py"],
+    ),
+    Plant(
+        "min-max: mu + gamma p (towards the honest spread's far side)",
+        "pflower/testbed/attacks.py",
+        [("return (mu - good * p).to(honest.dtype)", "return (mu + good * p).to(honest.dtype)")],
+        [T + "test_attacks.py"],
+    ),
+    Plant(
+        "backdoor: the poisoned examples keep their labels",
+        "pflower/testbed/backdoor.py",
+        [("    y[chosen] = target\n", "    y[chosen] = y[chosen]\n")],
+        [T + "test_backdoor.py"],
+    ),
+    Plant(
+        "backdoor: the probe counts the target class's own examples as successes",
+        "pflower/testbed/backdoor.py",
+        [("    other = y.long() != target\n", "    other = y.long() >= 0\n")],
+        [T + "test_backdoor.py"],
+    ),
+    Plant(
+        "backdoor: the trigger in the top-left corner on the probe's side",
+        "pflower/testbed/backdoor.py",
+        [
+            (
+                "    return TensorDataset(stamp(x, input_shape, side, value), "
+                "torch.full_like(y, target))",
+                "    x = torch.flip(stamp(torch.flip(x.reshape(len(x), *input_shape), (-1, -2)), "
+                "input_shape, side, value), (-1, -2)).reshape(x.shape)\n"
+                "    return TensorDataset(x, torch.full_like(y, target))",
+            )
+        ],
+        [T + "test_backdoor.py"],
+    ),
     # --- claims and evaluation metrics (issue 45) ---------------------------------------
     Plant(
         "claims: the cap's pool is the round's claims only",

@@ -41,8 +41,13 @@ TrainStep = Callable[[ClientJob, Mapping], tuple[dict[str, ArrayRecord], str, Ma
 #: runs a training step around the production one, as a Flower mod runs around a ClientApp
 #: (but with the job, which a mod never sees): (msg, context, job, config, train) -> its result
 WrapTrain = Callable[[Message, Context, ClientJob, Mapping, TrainStep], tuple]
+#: an evaluation step: (job, config record) -> metrics; the client half's ``evaluate``
+EvaluateStep = Callable[[ClientJob, Mapping], Mapping]
+#: runs an evaluation step around the production one: (msg, context, job, config, evaluate)
+#: -> its metrics
+WrapEvaluate = Callable[[Message, Context, ClientJob, Mapping, EvaluateStep], Mapping]
 #: node-config keys of experiment behaviour: only ``pflower.testbed.client_app`` acts on them
-EXPERIMENT_NODE_KEYS = ("byzantine", "delay-s")
+EXPERIMENT_NODE_KEYS = ("byzantine", "delay-s", "backdoor-target")
 
 
 @functools.lru_cache(maxsize=8)
@@ -118,7 +123,10 @@ def make_job(cfg: Config, context: Context, server_round: int) -> ClientJob:
 
 
 def build_client_app(
-    overrides: Mapping | None = None, *, wrap_train: WrapTrain | None = None
+    overrides: Mapping | None = None,
+    *,
+    wrap_train: WrapTrain | None = None,
+    wrap_evaluate: WrapEvaluate | None = None,
 ) -> ClientApp:
     """A ClientApp; ``overrides`` are run-config keys applied over ``context.run_config``
     (``flwr.simulation.run_simulation`` passes no run config, so tests and benchmarks do).
@@ -126,7 +134,9 @@ def build_client_app(
     ``wrap_train`` (optional) runs each training step in place of the client half's
     ``reply``, which it receives as ``train``: the experiment ClientApp
     (``pflower.testbed.client_app``) attaches Byzantine behaviour and straggler delays
-    this way. Without it, a node configured for experiment behaviour is refused."""
+    this way. Without it, a node configured for experiment behaviour is refused.
+    ``wrap_evaluate`` (optional) likewise runs each evaluation step in place of the half's
+    ``evaluate`` (the testbed's backdoor probe)."""
     app = ClientApp()
 
     def run_config(context: Context) -> Config:
@@ -179,7 +189,11 @@ def build_client_app(
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
         cfg, job, config = setup(msg, context)
-        metrics = measured(get_algorithm(cfg.algorithm).client.evaluate(job, config))
+        step = get_algorithm(cfg.algorithm).client.evaluate
+        if wrap_evaluate is None:
+            metrics = measured(step(job, config))
+        else:
+            metrics = measured(wrap_evaluate(msg, context, job, config, step))
         return Message(content=RecordDict({METRICS: MetricRecord(metrics)}), reply_to=msg)
 
     return app

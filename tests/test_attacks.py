@@ -251,3 +251,49 @@ def test_attacks_and_delays_attach_only_through_the_experiment_client_app():
     assert run_local(slow, 2, client_app=build_client_app(slow)).dropped == 2
     attacked = run_local(run, 4, client_app=experiment_client_app(run), node_configs=nodes)
     assert attacked.dropped == 0 and attacked.final != production.final
+
+
+# --- Min-Max and Min-Sum (Shejwalkar & Houmansadr, NDSS 2021) -------------------------------
+def test_min_max_and_min_sum_gamma_by_hand():
+    """Honest updates (0, 0), (2, 0), (0, 2), direction ``unit``: mu = (2/3, 2/3), p = (1,
+    1) / sqrt 2, so m = t (1, 1) with t = 2/3 - gamma / sqrt 2. Min-Max: the largest
+    distance, ||m - (2, 0)||^2 = 2 t^2 - 4 t + 4, at most the largest pairwise one (8): t >=
+    1 - sqrt 3. Min-Sum: 6 t^2 - 8 t + 8 at most the largest row sum (12): t >= (2 -
+    sqrt 10) / 3. The search stops within tau = 1e-5 of each gamma."""
+    import torch
+
+    honest = torch.tensor([[0.0, 0.0], [2.0, 0.0], [0.0, 2.0]], dtype=torch.float64)
+    gammas = {
+        "min-max": 2**0.5 * (2 / 3 - (1 - 3**0.5)),
+        "min-sum": 2**0.5 * (2 / 3 - (2 - 10**0.5) / 3),
+    }
+    for objective, gamma in gammas.items():
+        got = attacks.min_max_min_sum(honest, "unit", objective).numpy()
+        t = 2 / 3 - gamma / 2**0.5
+        np.testing.assert_allclose(got, [t, t], atol=2e-5)
+        # and the found vector does satisfy the condition the search keeps
+        d = ((honest.numpy() - got) ** 2).sum(axis=1)
+        assert (d.max() if objective == "min-max" else d.sum()) <= (
+            8 if objective == "min-max" else 12
+        )
+    # std and sign directions: mu - gamma sigma, mu - gamma sign(mu), on the same line
+    for direction, p in (("std", honest.std(dim=0).numpy()), ("sign", np.ones(2))):
+        got = attacks.min_max_min_sum(honest, direction, "min-max").numpy()
+        gamma = (2 / 3 - got[0]) / p[0]
+        assert gamma > 0.5
+        np.testing.assert_allclose(got, 2 / 3 - gamma * p, rtol=1e-9)
+
+
+def test_min_max_tag_is_replaced_on_the_server_and_directions_are_checked():
+    from pflower.strategies.rounds import Round
+
+    with pytest.raises(ValueError, match="byzantine-direction"):
+        attacks.omniscient_tag("min-max", {"byzantine-direction": "up"}, True)
+    tag = attacks.omniscient_tag("min-sum", {"byzantine-direction": "unit"}, True)
+    current = {"w": np.zeros(2, np.float32)}
+    rnd = Round(1, current=current, weights=False)
+    honest = [[0.0, 0.0], [2.0, 0.0], [0.0, 2.0]]
+    updates = [_update(i, u) for i, u in enumerate(honest)] + [_update(9, honest[0], **tag)]
+    (bad,) = [u for u in attacks.OmniscientAttack()(rnd, updates) if u.node_id == 9]
+    t = 2 / 3 - (2 / 3 - (2 - 10**0.5) / 3)  # Min-Sum's m, above
+    np.testing.assert_allclose(bad.tensors["w"], [t, t], atol=2e-5)

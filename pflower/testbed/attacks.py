@@ -21,7 +21,17 @@ adversary that sees every honest reply of the round; off by default):
   distance-based rules pick it, and all Byzantines send the same vector (they collude);
 - ``ipm`` (inner-product manipulation, Xie et al. 2020): every Byzantine sends -epsilon mu
   (``byzantine-epsilon``, default 0.1), which makes the inner product of the aggregate with the
-  true mean negative when enough of them get through.
+  true mean negative when enough of them get through;
+- ``min-max`` / ``min-sum`` (Shejwalkar & Houmansadr, NDSS 2021, their aggregation-agnostic
+  attacks): every Byzantine sends mu - gamma p, p the perturbation ``byzantine-direction``
+  (``std``: the coordinate-wise standard deviation, the default; ``unit``: mu / ||mu||;
+  ``sign``: sign(mu)), gamma the largest that the paper's halving search (gamma_init = 10,
+  tau = 1e-5) finds with the malicious vector no farther from any honest update than the
+  honest updates are from each other (Min-Max: max_i ||m - g_i|| <= max_ij ||g_i - g_j||) or
+  with its sum of squared distances to them no larger than any honest update's (Min-Sum).
+
+A targeted attack, ``backdoor``, trains on a poisoned copy of the node's data
+(``pflower.testbed.backdoor``).
 
 Such a node trains honestly and tags its reply (metric ``byzantine-omniscient``); the
 testbed's ServerApp (``pflower.testbed.server_app``, for the run config ``attack-simulation =
@@ -46,6 +56,7 @@ from flwr.app import Array, ArrayRecord
 from torch.utils.data import TensorDataset
 
 from pflower.strategies import aggregators
+from pflower.testbed import backdoor
 from pflower.wire import ARRAYS, OMNISCIENT_TAG, ClientUpdate
 
 if TYPE_CHECKING:
@@ -64,10 +75,15 @@ ATTACKS = (
     "label-flip",
     "alie",
     "ipm",
+    "min-max",
+    "min-sum",
+    "backdoor",
 )
 UPDATE_ATTACKS = ("sign-flip", "gaussian", "nan", "inf", "wrong-shape")
 #: attacks simulated on the server; the reply's metric OMNISCIENT_KEY names which
-OMNISCIENT = {"alie": 1, "ipm": 2}
+OMNISCIENT = {"alie": 1, "ipm": 2, "min-max": 3, "min-sum": 4}
+#: Min-Max / Min-Sum perturbation directions, by the code their tag carries
+DIRECTIONS = {"std": 1, "unit": 2, "sign": 3}
 OMNISCIENT_KEY = OMNISCIENT_TAG  # the wire's: the server drops it without this module
 
 
@@ -89,10 +105,17 @@ def omniscient_tag(attack: str, node_config: Mapping, attack_simulation: bool) -
             "config 'attack-simulation' = true (the server then simulates the omniscient "
             "adversary); a real client cannot see them"
         )
+    direction = str(node_config.get("byzantine-direction", "std"))
+    if direction not in DIRECTIONS:
+        raise ValueError(
+            f"node config 'byzantine-direction' = {direction!r}: must be one of "
+            f"{tuple(DIRECTIONS)}"
+        )
     return {
         OMNISCIENT_KEY: OMNISCIENT[attack],
         "byzantine-z": float(node_config.get("byzantine-z", 0.0)),
         "byzantine-epsilon": float(node_config.get("byzantine-epsilon", 0.1)),
+        "byzantine-direction": DIRECTIONS[direction],
     }
 
 
@@ -114,6 +137,48 @@ def alie(honest: torch.Tensor, n: int, f: int, z: float = 0.0) -> torch.Tensor:
 def ipm(honest: torch.Tensor, epsilon: float) -> torch.Tensor:
     """IPM's vector -epsilon times the honest mean."""
     return -epsilon * honest.mean(dim=0)
+
+
+def perturbation(honest: torch.Tensor, direction: str) -> torch.Tensor:
+    """Min-Max / Min-Sum's p over the honest rows: ``std`` (coordinate-wise, unbiased),
+    ``unit`` (mu / ||mu||) or ``sign`` (sign(mu))."""
+    mu = honest.mean(dim=0)
+    if direction == "std":
+        return honest.std(dim=0) if len(honest) > 1 else torch.zeros_like(mu)
+    if direction == "unit":
+        return mu / mu.norm().clamp_min(1e-12)
+    if direction == "sign":
+        return torch.sign(mu)
+    raise ValueError(f"direction {direction!r}: must be one of {tuple(DIRECTIONS)}")
+
+
+def min_max_min_sum(
+    honest: torch.Tensor, direction: str, objective: str, gamma_init: float = 10.0
+) -> torch.Tensor:
+    """Shejwalkar & Houmansadr's aggregation-agnostic attack: m = mu - gamma p, gamma by
+    their halving search from ``gamma_init`` until it moves by less than tau = 1e-5, kept
+    where the condition holds (``objective`` ``min-max``: max_i ||m - g_i||^2 <= max_ij
+    ||g_i - g_j||^2; ``min-sum``: sum_i ||m - g_i||^2 <= max_i sum_j ||g_i - g_j||^2).
+    gamma = 0 (the mean) where no tried gamma holds."""
+    x = honest.to(torch.float64)
+    mu, p = x.mean(dim=0), perturbation(x, direction)
+    pairwise = torch.cdist(x, x) ** 2
+    limit = pairwise.max() if objective == "min-max" else pairwise.sum(dim=1).max()
+
+    def holds(gamma: float) -> bool:
+        distances = ((x - (mu - gamma * p)) ** 2).sum(dim=1)
+        value = distances.max() if objective == "min-max" else distances.sum()
+        return bool(value <= limit)
+
+    gamma, step, good = gamma_init, gamma_init, 0.0
+    while abs(good - gamma) > 1e-5:  # the paper's loop: lambda_succ against lambda
+        if holds(gamma):
+            good = gamma
+            gamma += step / 2
+        else:
+            gamma -= step / 2
+        step /= 2
+    return (mu - good * p).to(honest.dtype)
 
 
 def corrupt(
@@ -169,6 +234,14 @@ def before_training(job: ClientJob, node_config: Mapping, cfg: Config) -> dict:
     if attack == "label-flip" and is_classifier(job.model):
         flipped = flip_labels(job.train_loader.dataset, dataset_info(cfg).num_classes)
         job.train_loader = batched(flipped, cfg.batch_size, True, job.train_loader.generator)
+    if attack == "backdoor":
+        if not is_classifier(job.model):
+            raise ValueError("node config 'byzantine' = 'backdoor': needs a classifier")
+        target, side, fraction, _ = backdoor.settings(node_config)
+        shape = dataset_info(cfg).input_shape
+        data = job.train_loader.dataset
+        poisoned = backdoor.poison(data, shape, target, side, fraction, seed=job.partition_id)
+        job.train_loader = batched(poisoned, cfg.batch_size, True, job.train_loader.generator)
     return tag
 
 
@@ -186,6 +259,9 @@ def after_training(
             **records,
             key: corrupt(records[key], received, key == ARRAYS, attack, node_config, seed),
         }
+    elif attack == "backdoor":
+        factor = backdoor.settings(node_config)[3]
+        records = {**records, key: backdoor.boost(records[key], received, key == ARRAYS, factor)}
     return records
 
 
@@ -216,13 +292,18 @@ def simulate_omniscient(
         metrics = dict(u.metrics)
         code = metrics.pop(OMNISCIENT_KEY, None)
         z, eps = metrics.pop("byzantine-z", 0.0), metrics.pop("byzantine-epsilon", 0.1)
+        direction = metrics.pop("byzantine-direction", DIRECTIONS["std"])
         if code is None:
             out.append(u)
             continue
         if code == OMNISCIENT["alie"]:
             vector = alie(X, len(updates), len(tagged), z)
-        else:
+        elif code == OMNISCIENT["ipm"]:
             vector = ipm(X, eps)
+        else:  # min-max, min-sum
+            name = {v: k for k, v in OMNISCIENT.items()}[int(code)]
+            way = {v: k for k, v in DIRECTIONS.items()}[int(direction)]
+            vector = min_max_min_sum(X, way, name)
         bad = aggregators.unstack(vector, layout)
         if weights:
             bad = {k: (current[k] - bad[k]).astype(current[k].dtype) for k in bad}
