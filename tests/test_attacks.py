@@ -131,6 +131,8 @@ def test_alie_z_is_baruch_et_al_z_max():
     assert attacks.alie_z(50, 24) == pytest.approx(1.7507, abs=1e-4)
     # n = 20, f = 4: s = 7, Phi(z) = 13/20 = 0.65 -> z = 0.3853
     assert attacks.alie_z(20, 4) == pytest.approx(0.3853, abs=1e-4)
+    # a Byzantine majority of a round (3 of 5: s = 0) takes s = 1, Phi(z) = 4/5 -> z = 0.8416
+    assert attacks.alie_z(5, 3) == attacks.alie_z(5, 4) == pytest.approx(0.8416, abs=1e-4)
 
 
 def test_alie_and_ipm_vectors_by_hand():

@@ -121,8 +121,10 @@ def omniscient_tag(attack: str, node_config: Mapping, attack_simulation: bool) -
 
 def alie_z(n: int, f: int) -> float:
     """Baruch et al.'s z_max for n inputs of which f Byzantine: the largest z such that the
-    Byzantine vector is still closer to the mean than s = floor(n/2 + 1) - f honest inputs."""
-    s = n // 2 + 1 - f
+    Byzantine vector is still closer to the mean than s = floor(n/2 + 1) - f honest inputs.
+    Where the Byzantines are a majority of the round (s <= 0: any z gets them chosen) s is
+    taken as 1, the largest z the paper's formula gives (Phi^-1((n - 1) / n))."""
+    s = max(1, n // 2 + 1 - f)
     return NormalDist().inv_cdf((n - s) / n)
 
 
