@@ -627,6 +627,17 @@ class RunSettings(Settings):
             "PFLEGO (its server's Adam step is scale-free), 1 otherwise"
         ),
     )
+    robust_step_bound: float = Field(
+        0.0,
+        alias="robust-step-bound",
+        ge=0,
+        description=(
+            "beside the default defence or a robust rule: each round's combined update is "
+            "scaled down to this many times the median norm of the last 10 applied ones of its "
+            "kind (>= 1; 0: off), so that a round a Byzantine majority takes moves theta by at "
+            "most that"
+        ),
+    )
     robust_clip_iterations: int = Field(
         3,
         alias="robust-clip-iterations",
@@ -921,6 +932,11 @@ class RunSettings(Settings):
                 f"key 'task' = 'classification': loss {self.loss!r}, model {self.model!r}, "
                 f"data set {self.dataset!r} make a regression problem; use task 'regression' "
                 "or 'auto'"
+            )
+        if 0 < self.robust_step_bound < 1:
+            raise ConfigError(
+                f"key 'robust-step-bound' = {self.robust_step_bound}: a multiple of the median "
+                "applied step: must be 0 (off) or >= 1"
             )
         if 0 < self.robust_clip_factor < 1:
             raise ConfigError(

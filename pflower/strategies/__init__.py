@@ -132,6 +132,7 @@ def strategy_kwargs(cfg: RunSettings, shared_names: Sequence[str] | None = None)
         "update_norm_growth": cfg.update_norm_growth,
         "max_num_examples": cfg.max_num_examples,
         "max_failed_rounds": cfg.max_failed_rounds,
+        "step_bound": cfg.robust_step_bound,
         "algorithm": cfg.algorithm,
         "settings_fingerprint": settings_fingerprint(cfg),
         "privacy": DPSettings.of(cfg),

@@ -53,6 +53,7 @@ from pflower.strategies.combine import (
     Combine,
     Mean,
     RobustRule,
+    StepBound,
     adaptive_clipping,
     robust_aggregator,
 )
@@ -150,6 +151,7 @@ class ReplyPipeline:
             # the clip a robust rule falls back to, where it is not ``clipping``
             "robust_fallback": getattr(self.combine, "fallback", None),
             "last_good": self.rollback.last_good,  # the parameters a taken round goes back to
+            "step_bound": self.combine.step,  # the history of applied steps
         }
 
     def load_state_dict(self, state: Mapping) -> dict:
@@ -168,6 +170,9 @@ class ReplyPipeline:
         bound.extra = dict(rest.pop("extra_norm_bounds", bound.extra))
         self.attach(rest.pop("robust", None), rest.pop("clipping", None), rest.pop("privacy", None))
         self.rollback.last_good = rest.pop("last_good", self.rollback.last_good)
+        step = rest.pop("step_bound", None)
+        if step is not None and self.combine.step is not None:  # the history, this run's c
+            self.combine.step.norms = dict(step.norms)
         fallback = rest.pop("robust_fallback", None)
         if fallback is not None and hasattr(self.combine, "fallback"):
             clip = self.combine.clip
@@ -208,6 +213,7 @@ def build(
     update_norm_growth: float = RUN_DEFAULTS.update_norm_growth,
     max_num_examples: int = RUN_DEFAULTS.max_num_examples,
     max_failed_rounds: int = RUN_DEFAULTS.max_failed_rounds,
+    step_bound: float = RUN_DEFAULTS.robust_step_bound,
 ) -> ReplyPipeline:
     """The pipeline of a strategy: the one place that decides which modes compose.
 
@@ -244,6 +250,8 @@ def build(
         combine = ClippedMean(clip, byzantine)
     else:
         combine = Mean(byzantine)
+    if step_bound and (clip is not None or rule is not None) and not central:
+        combine.step = StepBound(step_bound)
     bound = Bound(
         max_update_norm,
         update_norm_growth,

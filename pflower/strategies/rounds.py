@@ -98,6 +98,8 @@ class Round:
     clipped: dict[str, int] = field(default_factory=dict)
     #: times a robust rule could not take the round with its f and the clip did
     fell_back: int = 0
+    #: combined updates the step bound scaled down (``combine.StepBound``)
+    step_bounded: int = 0
     #: the round was taken (``settle.Rollback``): the round and parameters theta went back to
     taken: tuple | None = None
 

@@ -75,8 +75,7 @@ class PersonalizedStrategy(Strategy):
     message so that a client without personal state starts from it (Pillutla et al. 2022,
     step (a) -> (b)). It is the global model's slice, not any client's personal state.
 
-    **Threat model**: each stage of ``pflower.strategies.pipeline`` states its guarantee,
-    docs/threat-model.md the whole.
+    **Threat model**: each stage of ``pipeline`` states its guarantee; docs/threat-model.md.
 
     **Defaults: the app's.** Every parameter that is a run-config key defaults to what the
     app runs this algorithm with when that key is not set (the class's ``defaults`` for keys
@@ -93,10 +92,9 @@ class PersonalizedStrategy(Strategy):
     max_in_flight, pull_interval : int, float (default: ``max-in-flight``, ``pull-interval``)
         Messages outstanding at once (0, auto: 16 on Flower's simulation engine, no limit
         elsewhere) and seconds between the server's pulls (``exchange.Window``).
-    evaluate_every : int (default: ``evaluate-every``)
-        Evaluate every this many rounds (and always in the final round).
-    reply_key : str (default: "arrays")
-        The record a training reply must carry: ``arrays``, ``delta`` or ``gradient``.
+    evaluate_every, reply_key : int, str (default: ``evaluate-every``, "arrays")
+        Evaluate every this many rounds (and always in the final); the record a training
+        reply must carry: ``arrays``, ``delta`` or ``gradient``.
     lr, lr_schedule, lr_warmup_fraction, lr_halve_every (default: ``lr``, ``lr-schedule``...)
         The client learning rate and its schedule over the algorithm's rounds
         (``server_opt.ClientSchedule``).
@@ -124,8 +122,9 @@ class PersonalizedStrategy(Strategy):
     clipping : AdaptiveClipping, None or False (default: None)
         The default defence (``combine.AdaptiveClipping``); ``None``: the app's (unless a rule
         or DP replaces it; beside FFGG's rule in its small rounds); ``False``: none.
-    byzantine : int (default: ``robust-byzantine``)
-        f, the Byzantine clients per round the rule must tolerate (``combine.RobustRule``).
+    byzantine, step_bound : int, float (default: ``robust-byzantine``, ``robust-step-bound``)
+        f, the Byzantine clients per round the rule must tolerate (``combine.RobustRule``);
+        the bound on each round's combined update by the history (``combine.StepBound``).
     max_update_norm, update_norm_growth : float (default: ``max-update-norm``...)
         ``K`` and ``g`` of the update-norm bound (``bound.UpdateNormBound``); K = 0: off.
     max_num_examples : int (default: ``max-num-examples``)
@@ -184,6 +183,7 @@ class PersonalizedStrategy(Strategy):
         update_norm_growth: float = RUN_DEFAULTS.update_norm_growth,
         max_num_examples: int = RUN_DEFAULTS.max_num_examples,
         max_failed_rounds: int = RUN_DEFAULTS.max_failed_rounds,
+        step_bound: float = RUN_DEFAULTS.robust_step_bound,
         algorithm: str | None = None,
         settings_fingerprint: str = "",
         min_available_nodes: int = 1,
@@ -218,6 +218,7 @@ class PersonalizedStrategy(Strategy):
             update_norm_growth=update_norm_growth,
             max_num_examples=max_num_examples,
             max_failed_rounds=max_failed_rounds,
+            step_bound=step_bound,
         )
         self.serves = (algorithm,) if algorithm is not None else type(self).serves
         self.settings_fingerprint = settings_fingerprint

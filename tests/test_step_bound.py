@@ -1,0 +1,65 @@
+"""The step bound (``robust-step-bound``, ``combine.StepBound``): a round's combined update
+at most c x the median norm of the last applied ones, so that a round a Byzantine majority
+takes (every per-round rule follows it) moves theta by a bounded step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pflower.config import Config, ConfigError
+from pflower.settings import RunSettings
+from pflower.strategies import pipeline as pipelines
+from pflower.strategies.combine import StepBound
+from pflower.strategies.rounds import Round
+
+
+def norm(v: dict) -> float:
+    return float(np.sqrt(sum(np.sum(np.asarray(a, np.float64) ** 2) for a in v.values())))
+
+
+def test_the_bound_is_c_times_the_median_of_the_applied_norms():
+    bound = StepBound(3.0)
+    steps = [{"w": np.array([n, 0.0])} for n in (1.0, 2.0)]
+    for step in steps:  # the first two rounds have no history to judge by
+        out, scaled = bound("arrays", step)
+        assert out is step and not scaled
+    out, scaled = bound("arrays", {"w": np.array([0.0, 12.0])})  # median(1, 2) = 1.5: <= 4.5
+    assert scaled and out["w"].tolist() == [0.0, 4.5]
+    out, scaled = bound("arrays", {"w": np.array([3.0, 4.0])})  # median(1, 2, 4.5) = 2: 5 <= 6
+    assert not scaled and out["w"].tolist() == [3.0, 4.0]
+    assert bound.norms["arrays"] == [1.0, 2.0, 4.5, 5.0]  # what was applied
+    out, scaled = bound("pretrain", {"w": np.array([100.0, 0.0])})  # a kind of its own
+    assert not scaled
+    with pytest.raises(ValueError, match="factor"):
+        StepBound(0.5)
+    with pytest.raises(ConfigError, match="robust-step-bound"):
+        Config.from_run_config({"robust-step-bound": 0.5})
+
+
+@pytest.mark.parametrize("rule", ["adaptive-clipping", "median"])
+def test_a_round_a_byzantine_majority_takes_moves_theta_by_a_bounded_step(rule):
+    """Rounds of 5 replies: 4 honest rounds (updates of norm ~1), then one in which 3 of the
+    5 send one vector of norm 1000 (IPM's -100 mu). The default defence's centre is theirs
+    and its radius 0 (three replies at distance 0), the coordinate median is theirs: the
+    round applies their vector whole. With the step bound c = 2 its norm is at most 2 x the
+    median applied norm."""
+    rng = np.random.default_rng(0)
+    keys = {"robust-aggregator": rule, "robust-byzantine": 2, "robust-clip-factor": 1.0}
+    settings = RunSettings.model_validate(keys)
+    f = 2 if rule == "median" else 0
+    honest = [[{"w": rng.normal(size=50) / np.sqrt(50) + 0.3} for _ in range(5)] for _ in range(4)]
+    attack = {"w": np.full(50, -1000 / np.sqrt(50))}
+    taken = [*[{"w": rng.normal(size=50) / np.sqrt(50)} for _ in range(2)], *[attack] * 3]
+    results = {}
+    for c in (0.0, 2.0):
+        pipe = pipelines.build(settings, {}, seed=0, byzantine=f, step_bound=c)
+        applied = []
+        for number, vectors in enumerate([*honest, taken], 1):
+            rnd = Round(number, kind="arrays", weights=False, current={"w": np.zeros(50)})
+            rnd.nodes = list(range(5))
+            applied.append(norm(pipe.combine(rnd, vectors, [1.0] * 5)))
+        results[c] = applied
+    assert results[0.0][-1] > 900  # the attackers' vector, whole
+    assert results[2.0][:-1] == results[0.0][:-1]  # honest rounds untouched
+    assert results[2.0][-1] == pytest.approx(2 * np.median(results[0.0][:-1]), rel=1e-9)
