@@ -788,6 +788,12 @@ PLANTS = [
         [T + "test_attacks.py"],
     ),
     Plant(
+        "backdoor: the probe never sees an evaluation",
+        "pflower/testbed/backdoor.py",
+        [("training.evaluate = _probed_evaluate\n", "_ = _probed_evaluate\n")],
+        [T + "test_backdoor.py"],
+    ),
+    Plant(
         "backdoor: the poisoned examples keep their labels",
         "pflower/testbed/backdoor.py",
         [("    y[chosen] = target\n", "    y[chosen] = y[chosen]\n")],

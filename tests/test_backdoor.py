@@ -87,3 +87,17 @@ def test_the_probe_sees_a_backdoor_that_accuracy_does_not():
     assert success(clean) < 0.3, success(clean)
     assert success(attacked) > 0.7, success(attacked)
     assert attacked.final["global-accuracy"] > 0.8, attacked.final
+
+
+@pytest.mark.parametrize("algorithm", ["fedalt", "apfl", "pflego", "ffgg", "fedavg-ft"])
+def test_every_personalized_algorithm_reports_the_probe_on_its_personalized_model(algorithm):
+    """Whichever way a half evaluates its personalized model (APFL: a mixture of v and w,
+    evaluated outside the job's own evaluate), the probe names that model's success: it is
+    the success of the evaluation whose loss and accuracy the half reported as personal."""
+    run = {**RUN, "algorithm": algorithm, "split": "head", "num-server-rounds": 2}
+    run |= {"evaluate-every": 2, "local-epochs": 1}
+    report = run_local(run, 3, node_configs={i: {"backdoor-target": 0} for i in range(3)})
+    assert len(report.clients) == 3
+    for row in report.clients:
+        assert 0.0 <= row["backdoor-success"] <= 1.0, row
+        assert row["backdoor-holds-target"] in (0.0, 1.0)

@@ -24,13 +24,15 @@ evaluates the same model again, on the triggered copy.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
 from torch.utils.data import DataLoader, TensorDataset
 
+from pflower.task import train as training
 from pflower.task.data import batched
 
 TARGET, TRIGGER, FRACTION, BOOST = 0, 4, 0.5, 1.0
@@ -110,12 +112,15 @@ def boost(record: ArrayRecord, received: ArrayRecord, returns_weights: bool, fac
 
 
 class Probe:
-    """Wraps a job's ``evaluate`` for one evaluation message: every evaluation the client
-    half runs (global, personal...) is followed by the same model's on the triggered test
-    set, so that ``metrics`` can name which of them was the personalized one."""
+    """The backdoor's measurement during one evaluation message: while it is active (``with
+    probe:``), every evaluation of the client's test set (``task.train.evaluate``, whichever
+    model the half evaluates: the global one, a mixture, the personalized one) is followed
+    by the same model's on the triggered test set, so that ``metrics`` can name which of them
+    was the personalized one."""
 
     def __init__(self, job, input_shape, node_config: Mapping) -> None:
         target, side, _, _ = settings(node_config)
+        self.test_loader = job.test_loader
         data = job.test_loader.dataset
         self.loader: DataLoader = batched(
             triggered(data, input_shape, target, side), job.test_loader.batch_size or 64
@@ -123,22 +128,18 @@ class Probe:
         labels = job.train_loader.dataset.tensors[1].long()
         self.holds = float(bool((labels == target).any()))
         self.seen: list[tuple[dict, float]] = []  # (an evaluation's result, its success)
-        self.evaluate: Callable[[], dict] = job.evaluate
 
-        def evaluate() -> dict:
-            out = self.evaluate()
-            success = self.success(job)
+    def __enter__(self) -> Probe:
+        _ACTIVE.probe = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _ACTIVE.probe = None
+
+    def record(self, model, loader, device, out: dict) -> None:
+        if loader is self.test_loader and len(self.loader.dataset):
+            success = float(_EVALUATE(model, self.loader, device)["accuracy"])
             self.seen.append((out, success))
-            return out
-
-        job.evaluate = evaluate
-
-    def success(self, job) -> float:
-        from pflower.task import train as training
-
-        if not len(self.loader.dataset):
-            return 0.0
-        return float(training.evaluate(job.model, self.loader, job.device)["accuracy"])
 
     def metrics(self, reported: Mapping) -> dict[str, float]:
         """The probe's metrics for the half's ``reported`` evaluation metrics: each success
@@ -158,3 +159,22 @@ class Probe:
                     out[name] = success
                     break
         return out
+
+
+#: the probe active in this thread (clients of a LocalGrid may evaluate side by side)
+_ACTIVE = threading.local()
+_EVALUATE = training.evaluate
+
+
+def _probed_evaluate(model, loader, device="cpu"):
+    """``task.train.evaluate``, and the active probe's triggered evaluation of that model."""
+    out = _EVALUATE(model, loader, device)
+    probe = getattr(_ACTIVE, "probe", None)
+    if probe is not None:
+        probe.record(model, loader, device, out)
+    return out
+
+
+# the testbed attaches from outside: every evaluation an algorithm runs goes through the
+# module's function, which is what the probe needs to see (APFL evaluates its mixture there)
+training.evaluate = _probed_evaluate

@@ -58,8 +58,8 @@ def experiment_evaluate(
         return evaluate(job, config)
     from pflower.task.data import dataset_info
 
-    probe = backdoor.Probe(job, dataset_info(job.cfg).input_shape, node)
-    metrics = evaluate(job, config)
+    with backdoor.Probe(job, dataset_info(job.cfg).input_shape, node) as probe:
+        metrics = evaluate(job, config)
     return {**metrics, **probe.metrics(metrics)}
 
 
