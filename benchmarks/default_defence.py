@@ -409,11 +409,17 @@ def main(argv=None) -> None:
         nargs="+",
         type=Path,
         help="run nothing: the table of the rows of these result files together (seeds "
-        "measured apart)",
+        "measured apart; a later file's row replaces an earlier file's of the same algorithm, "
+        "seed, attack and count)",
     )
     args = parser.parse_args(argv)
-    if args.pool:
-        print(table([row for f in args.pool for row in json.loads(f.read_text())["rows"]]))
+    if args.pool:  # a later file's row replaces an earlier file's of the same run
+        pooled: dict[tuple, dict] = {}
+        for f in args.pool:
+            for row in json.loads(f.read_text())["rows"]:
+                key = (row["algorithm"], row["seed"], row.get("attack", "adaptive"))
+                pooled[(*key, len(row.get("byzantine", [0])))] = row
+        print(table(list(pooled.values())))
         return
     torch.set_num_threads(1)  # one process per core: a shared box is not oversubscribed
     logging.getLogger("flwr").setLevel(logging.ERROR)

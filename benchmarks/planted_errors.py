@@ -788,6 +788,23 @@ PLANTS = [
         [T + "test_attacks.py"],
     ),
     Plant(
+        "step bound: a bounded round recorded at its unbounded norm (attackers raise H)",
+        S + "combine.py",
+        [("                size, bounded = limit, True\n", "                bounded = True\n")],
+        [T + "test_step_bound.py"],
+    ),
+    Plant(
+        "step bound: c x the largest applied norm, not the median",
+        S + "combine.py",
+        [
+            (
+                "limit = self.factor * float(np.median(history))",
+                "limit = self.factor * float(np.max(history))",
+            )
+        ],
+        [T + "test_step_bound.py"],
+    ),
+    Plant(
         "backdoor: the probe never sees an evaluation",
         "pflower/testbed/backdoor.py",
         [("training.evaluate = _probed_evaluate\n", "_ = _probed_evaluate\n")],
