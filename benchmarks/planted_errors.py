@@ -286,10 +286,10 @@ PLANTS = [
         [
             (
                 "        if not self.rule.problem(len(vectors), self.byzantine):\n"
-                "            out = robust_combine(self.rule, vectors, self.byzantine, center)\n",
+                "            return robust_combine(self.rule, vectors, self.byzantine, center)\n",
                 "        f = max(0, self.byzantine - max(0, len(rnd.asked) - len(vectors)))\n"
                 "        if not self.rule.problem(len(vectors), f):\n"
-                "            out = robust_combine(self.rule, vectors, f, center)\n",
+                "            return robust_combine(self.rule, vectors, f, center)\n",
             ),
         ],
         [DEFENCE],

@@ -11,7 +11,7 @@ from flwr.app import Array, ArrayRecord
 from helpers import OUTPUTS_DIR
 from torch.utils.data import TensorDataset
 
-from pflower.testbed import backdoor
+from pflower.testbed import attacks, backdoor
 from pflower.testbed.local_grid import run_local
 
 
@@ -45,9 +45,9 @@ def test_poison_relabels_the_fraction_it_stamps_and_the_probe_set_is_the_other_c
 def test_the_boost_scales_the_update_not_the_weights():
     received = ArrayRecord({"w": Array(np.full(3, 10.0, np.float32))})
     returned = ArrayRecord({"w": Array(np.full(3, 9.0, np.float32))})  # update 1
-    out = backdoor.boost(returned, received, True, 4.0)
+    out = attacks.corrupt(returned, received, True, "backdoor", {"backdoor-boost": 4.0})
     np.testing.assert_allclose(out["w"].numpy(), np.full(3, 6.0))
-    grad = backdoor.boost(returned, received, False, 2.0)
+    grad = attacks.corrupt(returned, received, False, "backdoor", {"backdoor-boost": 2.0})
     np.testing.assert_allclose(grad["w"].numpy(), np.full(3, 18.0))
 
 

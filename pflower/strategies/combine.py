@@ -383,10 +383,9 @@ class StepBound:
     Why: every per-round rule follows a Byzantine majority of its round's replies (with 3 of
     10 attackers and 5 replies a round, about 8 % of the rounds), and all attackers sending one
     vector make the round's spread, hence its clip radius, zero: such a round applied the
-    attackers' vector whole (IPM with epsilon = 100 took FedAlt and APFL 27-48 points below
-    their clean runs). Bounded by history, a taken round moves theta by at most ``c`` x a
-    typical step, which the honest rounds after it can undo ("a step bounded around the
-    history of accepted aggregates": the lockout's cure of issue 60 item 1, as Karimireddy, He
+    attackers' vector whole (docs/threat-model.md has the measurements). Bounded by history,
+    a taken round moves theta by at most ``c`` x a typical step, which the honest rounds after
+    it can undo (a step bounded around the history of accepted aggregates, as Karimireddy, He
     & Jaggi bound each step by the momentum of past ones). **Guarantee**: while at most half of
     the last ``STEP_HISTORY`` rounds of a kind were taken, H_t is at most the largest norm a
     round the per-round defence held applied, so no taken round moves theta by more than
@@ -418,6 +417,7 @@ class StepBound:
 
 class Combine:
     """The combine stage's protocol: ``combine(rnd, vectors, weights, center, kind)`` is the
+    mode's ``combined`` update, through the step bound where the run has one (``step``): the
     combined update of ``vectors`` (``center - vectors[i]`` with ``center``: returned weights)
     under ``weights``, in float64.
 
@@ -458,6 +458,15 @@ class Combine:
             )
 
     def __call__(self, rnd, vectors, weights, center=None, kind=None) -> dict[str, np.ndarray]:
+        """The mode's combined update (``combined``) through the step bound, if any."""
+        out = self.combined(rnd, vectors, weights, center, kind)
+        if self.step is None or not self.step.factor:
+            return out
+        out, scaled = self.step(kind or rnd.kind, out)
+        rnd.step_bounded += int(scaled)
+        return out
+
+    def combined(self, rnd, vectors, weights, center=None, kind=None) -> dict[str, np.ndarray]:
         return mean(vectors, weights, center)
 
     def describe(self) -> str:
@@ -471,14 +480,6 @@ class Combine:
         if self.step is not None and self.step.factor:
             out["step-bounded"] = rnd.step_bounded
         return out
-
-    def bounded(self, rnd, kind: str | None, update: dict[str, np.ndarray]) -> dict:
-        """``update`` through the step bound (unchanged without one)."""
-        if self.step is None or not self.step.factor:
-            return update
-        update, scaled = self.step(kind or rnd.kind, update)
-        rnd.step_bounded += int(scaled)
-        return update
 
 
 def clip_counts(rnd) -> dict[str, float]:
@@ -510,9 +511,8 @@ class ClippedMean(Combine):
         super().__init__(byzantine)
         self.clip = clip
 
-    def __call__(self, rnd, vectors, weights, center=None, kind=None) -> dict[str, np.ndarray]:
-        step = clip_step(self.clip, rnd, vectors, weights, center, kind)
-        return self.bounded(rnd, kind, clipped_mean(rnd, step))
+    def combined(self, rnd, vectors, weights, center=None, kind=None) -> dict[str, np.ndarray]:
+        return clipped_mean(rnd, clip_step(self.clip, rnd, vectors, weights, center, kind))
 
 
 def clip_step(clip: AdaptiveClipping, rnd, vectors, weights, center, kind) -> tuple:
@@ -576,7 +576,7 @@ class RobustRule(Combine):
                 f"{num_replies} nodes"
             )
 
-    def __call__(self, rnd, vectors, weights, center=None, kind=None) -> dict[str, np.ndarray]:
+    def combined(self, rnd, vectors, weights, center=None, kind=None) -> dict[str, np.ndarray]:
         step = None
         if self.clip is not None:
             # every round keeps the clip's state (rho: what a round of >= 3 replies applied);
@@ -584,14 +584,13 @@ class RobustRule(Combine):
             # with 4 replies a round the clip held where the geometric median did not
             step = clip_step(self.clip, rnd, vectors, weights, center, kind)
             if self.rule.inputs(len(vectors)) < MIN_RULE_INPUTS:
-                return self.bounded(rnd, kind, clipped_mean(rnd, step))
+                return clipped_mean(rnd, step)
         if not self.rule.problem(len(vectors), self.byzantine):
-            out = robust_combine(self.rule, vectors, self.byzantine, center)
-            return self.bounded(rnd, kind, out)
+            return robust_combine(self.rule, vectors, self.byzantine, center)
         rnd.fell_back += 1
         if step is None:
             step = clip_step(self.fallback, rnd, vectors, weights, center, kind)
-        return self.bounded(rnd, kind, clipped_mean(rnd, step))
+        return clipped_mean(rnd, step)
 
     def round_metrics(self, rnd) -> dict[str, float]:
         """The clip's counts (where it ran) and the times the rule fell back to it."""
@@ -613,6 +612,6 @@ class CentralDP(Combine):
         super().__init__(byzantine)
         self.mechanism = mechanism
 
-    def __call__(self, rnd, vectors, weights, center=None, kind=None) -> dict[str, np.ndarray]:
+    def combined(self, rnd, vectors, weights, center=None, kind=None) -> dict[str, np.ndarray]:
         rng = noise_rng(self.mechanism.dp.seed, rnd.number)
         return self.mechanism.mean(vectors, len(rnd.asked), rng, center)

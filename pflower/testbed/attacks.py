@@ -209,6 +209,9 @@ def corrupt(
         bad = {k: rng.normal(0.0, sigma, u.shape) for k, u in update.items()}
     elif attack in ("nan", "inf"):
         bad = {k: np.full_like(u, np.nan if attack == "nan" else np.inf) for k, u in update.items()}
+    elif attack == "backdoor":  # its update, trained on the poisoned data, boosted
+        boost = backdoor.settings(node_config)[3]
+        bad = {k: boost * u for k, u in update.items()}
     else:
         raise ValueError(f"attack {attack!r} does not act on replies")
     out = {k: (sent[k] - bad[k]) if returns_weights else bad[k] for k in bad}
@@ -256,14 +259,13 @@ def after_training(
 ) -> dict[str, ArrayRecord]:
     """The reply's records after this node's update attack (unchanged for other nodes)."""
     attack = attack_of(node_config)
-    if attack in UPDATE_ATTACKS:
+    # a backdoor node's update is its own (trained on poisoned data) unless boosted
+    boosted = attack == "backdoor" and backdoor.settings(node_config)[3] != 1.0
+    if attack in UPDATE_ATTACKS or boosted:
         records = {
             **records,
             key: corrupt(records[key], received, key == ARRAYS, attack, node_config, seed),
         }
-    elif attack == "backdoor":
-        factor = backdoor.settings(node_config)[3]
-        records = {**records, key: backdoor.boost(records[key], received, key == ARRAYS, factor)}
     return records
 
 

@@ -7,10 +7,10 @@ which a ``backdoor-fraction`` (default 0.5) of its training examples carry the t
 the label ``backdoor-target`` (default 0); the trigger is a ``backdoor-trigger`` x
 ``backdoor-trigger`` patch (default 4) in the bottom-right corner of every channel, set to
 the brightest value of the node's data. Its update is then boosted by ``backdoor-boost``
-(default 1: none); a boost chosen to land just inside the server's bound is the strongest
-version (``benchmarks/default_defence.py --attack backdoor`` aims at the bound as its
-adaptive attacker does). Accuracy on clean data barely moves, which is why the untargeted
-benchmarks never saw it.
+(default 1: none; ``attacks.corrupt`` applies it in update space); a boost chosen to land
+just inside the server's bound is the strongest version (``benchmarks/default_defence.py
+--attack backdoor`` aims at the bound as its adaptive attacker does). Accuracy on clean
+data barely moves, which is why the untargeted benchmarks never saw it.
 
 **The probe.** A node whose node config holds ``backdoor-target`` (attacker or not, in clean
 runs too) adds to each evaluation reply ``backdoor-success``: the share of its test examples
@@ -29,7 +29,6 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord
 from torch.utils.data import DataLoader, TensorDataset
 
 from pflower.task import train as training
@@ -93,22 +92,6 @@ def triggered(dataset: TensorDataset, input_shape, target: int, side: int) -> Te
     x, y = x[other], y[other]
     value = float(x.max()) if len(x) else 0.0
     return TensorDataset(stamp(x, input_shape, side, value), torch.full_like(y, target))
-
-
-def boost(record: ArrayRecord, received: ArrayRecord, returns_weights: bool, factor: float):
-    """The reply's update multiplied by ``factor`` (``received - returned`` for weights)."""
-    if factor == 1.0:
-        return record
-    out = {}
-    for k, a in record.items():
-        v = a.numpy().astype(np.float64)
-        if returns_weights:
-            sent = received[k].numpy().astype(np.float64)
-            v = sent - factor * (sent - v)
-        else:
-            v = factor * v
-        out[k] = Array(np.ascontiguousarray(v, dtype=a.numpy().dtype))
-    return ArrayRecord(out)
 
 
 class Probe:
