@@ -25,7 +25,7 @@ DEFAULT = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text
 #: itself is tested in test_sampling.py
 PINNED = {"sample-seed": 0}
 #: not personalized: the personalized model is the global one
-GLOBAL_ONLY = {"fedavg", "local-gd", "scaffold"}
+GLOBAL_ONLY = {"fedavg", "fedprox", "local-gd", "scaffold"}
 #: need one key the default run sets otherwise; refused at start with that key named
 NEEDS = {
     "l2gd": ({"fraction-train": 1.0}, "fraction-train"),

@@ -357,3 +357,100 @@ def test_apfl_rounds(data, weighting, mix):
         v = np.concatenate([tensors["body_coefficients"], tensors["per_user_offset"]])
         np.testing.assert_allclose(v, state[m][0], **TOL)
     assert any(abs(a - alpha0) > 1e-3 for _, a in state.values())  # alpha moved
+
+
+# --- the baselines of the papers' comparisons: FedProx, Ditto, FedBABU -------------------
+
+
+@pytest.mark.parametrize("mu", [0.0, 0.3])
+def test_fedprox_rounds(data, mu):
+    """Each local step of FedProx is a gradient step on F_m(z) + mu/2 ||z - z^t||^2 from the
+    received z^t; the server averages as FedAvg (data-size weights). mu = 0 is FedAvg."""
+    path, X, t = data
+    lr, K, R = 0.05, 3, 3
+    common = {"split": "none", "lr": lr, "local-steps": K, "fraction-train": 0.5, "sample-seed": 3}
+    got, sampled, _, _ = run(path, {**common, "algorithm": "fedprox", "fedprox-mu": mu}, R)
+    z = np.zeros(D_SHARED + D_PERSONAL)
+    for r in range(1, R + 1):
+        ends, sizes = [], []
+        for m in sampled[r]:
+            y = z.copy()
+            for _ in range(K):
+                y -= lr * (grad(X[m], t[m], y) + mu * (y - z))
+            ends.append(y)
+            sizes.append(len(t[m]))
+        z = np.average(ends, axis=0, weights=sizes)
+    np.testing.assert_allclose(got, z, **TOL)
+    if mu == 0.0:  # FedAvg exactly, on the same sample
+        fedavg, same, _, _ = run(path, {**common, "algorithm": "fedavg"}, R)
+        assert same == sampled
+        np.testing.assert_array_equal(got, fedavg)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.5])
+def test_ditto_rounds(data, lam):
+    """Ditto, Alg. 1: the global update as FedAvg's (sent, data-size weighted mean), then
+    s personal steps v <- v - eta (grad F_m(v) + lambda (v - w^t)) toward the *received*
+    w^t, v starting at the first w^t its client receives and kept on the client."""
+    path, X, t = data
+    lr, plr, K, s, R = 0.05, 0.08, 2, 3, 3
+    got, sampled, grid, _ = run(
+        path,
+        {
+            "algorithm": "ditto",
+            "split": "none",
+            "lr": lr,
+            "personal-lr": plr,
+            "local-steps": K,
+            "personal-steps": s,
+            "ditto-lambda": lam,
+            "fraction-train": 0.5,
+        },
+        R,
+    )
+    w = np.zeros(D_SHARED + D_PERSONAL)
+    v: dict[int, np.ndarray] = {}
+    for r in range(1, R + 1):
+        ends, sizes = [], []
+        for m in sampled[r]:
+            y = w.copy()
+            for _ in range(K):
+                y -= lr * grad(X[m], t[m], y)
+            ends.append(y)
+            sizes.append(len(t[m]))
+            p = v.get(m, w).copy()
+            for _ in range(s):
+                p -= plr * (grad(X[m], t[m], p) + lam * (p - w))
+            v[m] = p
+        w = np.average(ends, axis=0, weights=sizes)
+    np.testing.assert_allclose(got, w, **TOL)
+    kept = stored(grid, "ditto-v")
+    assert sorted(kept) == sorted(v)
+    for m, tensors in kept.items():
+        flat = np.concatenate([tensors["body_coefficients"], tensors["per_user_offset"]])
+        np.testing.assert_allclose(flat, v[m], **TOL)
+        assert not np.allclose(flat, w)  # v_m is not the global model: it stayed here
+
+
+def test_fedbabu_rounds(data):
+    """FedBABU: the body trained with the head fixed at H (here a one-dimensional head:
+    zeros), the server's data-size weighted mean of the bodies; nothing stored."""
+    path, X, t = data
+    lr, K, R = 0.05, 3, 3
+    got, sampled, grid, _ = run(
+        path,
+        {**PERSONAL, "algorithm": "fedbabu", "lr": lr, "local-steps": K, "fraction-train": 0.5},
+        R,
+    )
+    theta = np.zeros(D_SHARED)
+    for r in range(1, R + 1):
+        bodies, sizes = [], []
+        for m in sampled[r]:
+            z = np.concatenate([theta, np.zeros(D_PERSONAL)])
+            for _ in range(K):
+                z[TH] -= lr * grad(X[m], t[m], z)[TH]
+            bodies.append(z[TH])
+            sizes.append(len(t[m]))
+        theta = np.average(bodies, axis=0, weights=sizes)
+    np.testing.assert_allclose(got, theta, **TOL)
+    assert not stored(grid, "personal")

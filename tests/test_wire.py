@@ -46,7 +46,7 @@ WIRE_CASES = [
     (algorithm, split)
     for algorithm in sorted(ALGORITHMS)
     for split in ("head", "input")
-    if not ((algorithm in HEAD_ALIASES or algorithm == "pflego") and split != "head")
+    if not ((algorithm in HEAD_ALIASES or algorithm in ("pflego", "fedbabu")) and split != "head")
 ]
 
 

@@ -189,13 +189,20 @@ class ClientJob:
         steps: int | None = None,
         loader: DataLoader | None = None,
         correction: Sequence[torch.Tensor] | None = None,
+        prox: tuple[float, Sequence[torch.Tensor]] | None = None,
     ) -> training.TrainResult:
         """The shared training primitive with this run's optimiser settings (the user's
-        ``train_loop`` when there is one)."""
+        ``train_loop`` when there is one). ``prox = (mu, anchor)``: the proximal term
+        ``mu/2 ||p - anchor||^2`` in the local objective (``training.sgd``)."""
         cfg = self.cfg
         epochs = cfg.local_epochs if epochs is None else epochs
         steps = cfg.local_steps if steps is None else steps
         if self.train_loop is not None:
+            if prox is not None and prox[0]:
+                raise ValueError(
+                    f"{cfg.algorithm}: a proximal term (mu = {prox[0]}) in every step, which "
+                    "your train_fn cannot take; drop train_fn"
+                )
             return self._users_loop(params, lr, epochs, steps, loader, correction)
         return training.sgd(
             self.model,
@@ -208,6 +215,7 @@ class ClientJob:
             weight_decay=cfg.weight_decay,
             max_grad_norm=cfg.max_grad_norm,
             correction=correction,
+            prox=prox,
             device=self.device,
         )
 

@@ -174,6 +174,7 @@ def sgd(
     weight_decay: float = 0.0,
     max_grad_norm: float = 0.0,
     correction: Sequence[torch.Tensor] | None = None,
+    prox: tuple[float, Sequence[torch.Tensor]] | None = None,
     device: torch.device | str = "cpu",
 ) -> TrainResult:
     """Minibatch SGD of the model's loss (``loss_fn``) on ``params`` only.
@@ -185,7 +186,10 @@ def sgd(
     optimizer state survives between calls (momentum 0 in the papers). ``max_grad_norm > 0``
     clips the norm of the gradient of ``params`` before each step. ``correction`` (one
     tensor per trainable parameter, in order) is added to every minibatch gradient:
-    Scaffold's ``c - c_i``.
+    Scaffold's ``c - c_i``. ``prox = (mu, anchor)`` (one anchor tensor per trainable
+    parameter, in order) minimises ``loss + mu/2 ||p - anchor||^2`` instead: ``mu (p -
+    anchor)`` is added to every minibatch gradient (FedProx's proximal term around the
+    received model, Ditto's around the global one), before the clip, as the loss's own part.
     """
     groups = list(params) if params and isinstance(params[0], dict) else [{"params": params}]
     trainable = [p for g in groups for p in g["params"]]
@@ -205,6 +209,10 @@ def sgd(
             if correction is not None:
                 for p, c in zip(trainable, correction):
                     p.grad += c
+            if prox is not None and prox[0]:
+                mu, anchor = prox
+                for p, a in zip(trainable, anchor):
+                    p.grad.add_(p.detach() - a, alpha=mu)
             if max_grad_norm > 0:
                 nn.utils.clip_grad_norm_(trainable, max_grad_norm)
             optimizer.step()
