@@ -651,6 +651,101 @@ PLANTS = [
         ],
         [T + "test_exact_rounds.py", T + "test_wire.py"],
     ),
+    # --- the papers' baselines: FedProx, Ditto, FedBABU -------------------------------------
+    Plant(
+        "fedprox: the anchor moves with the iterate (no pull toward w^t)",
+        S + "fedprox.py",
+        [("received = [p.detach().clone() for p in params]", "received = params")],
+        [T + "test_exact_rounds.py"],
+    ),
+    Plant(
+        "fedprox: the proximal gradient's sign flipped (mu (w^t - w))",
+        "pflower/task/train.py",
+        [("p.grad.add_(p.detach() - a, alpha=mu)", "p.grad.add_(a - p.detach(), alpha=mu)")],
+        [T + "test_exact_rounds.py"],
+    ),
+    Plant(
+        "fedprox: mu/2 taken as the weight (gradient mu/2 (w - w^t))",
+        "pflower/task/train.py",
+        [("p.grad.add_(p.detach() - a, alpha=mu)", "p.grad.add_(p.detach() - a, alpha=mu / 2)")],
+        [T + "test_exact_rounds.py"],
+    ),
+    Plant(
+        "ditto: the regulariser pulls toward the locally updated w_k, not the received w^t",
+        S + "ditto.py",
+        [
+            (
+                "        self.restore_v(job, received)\n",
+                "        received = {n: p.detach().clone() for n, p in job.params.items()}\n"
+                "        self.restore_v(job, received)\n",
+            )
+        ],
+        [T + "test_exact_rounds.py"],
+    ),
+    Plant(
+        "ditto: a new client's v starts from its locally updated w_k",
+        S + "ditto.py",
+        [("        self.restore_v(job, received)\n", "        self.restore_v(job)\n")],
+        [T + "test_exact_rounds.py"],
+    ),
+    Plant(
+        "ditto: the reply taken after the personal steps (v_k leaves the client)",
+        S + "ditto.py",
+        [
+            ("        reply = job.shared_record()  #", "        #"),
+            ("        return reply, {", "        return job.shared_record(), {"),
+        ],
+        [T + "test_exact_rounds.py", T + "test_papers_baselines.py"],
+    ),
+    Plant(
+        "ditto: the personal model is not kept between rounds",
+        S + "ditto.py",
+        [("        job.store.save(V_KEY,", "        (lambda *a: None)(V_KEY,")],
+        [T + "test_exact_rounds.py", T + "test_papers_baselines.py"],
+    ),
+    Plant(
+        "fedbabu: the head trained with the body",
+        S + "fedbabu.py",
+        [
+            (
+                "        self.new_client(job)\n        result = job.sgd(job.shared_params(), "
+                "lr=job.lr)\n        return job.shared_record()",
+                "        self.new_client(job)\n        result = job.sgd("
+                "list(job.model.parameters()), lr=job.lr)\n        return job.shared_record()",
+            )
+        ],
+        [T + "test_exact_rounds.py", T + "test_papers_baselines.py"],
+    ),
+    Plant(
+        "fedbabu: the head drawn without orthogonal rows",
+        S + "fedbabu.py",
+        [
+            (
+                "torch.nn.init.orthogonal_(flat, generator=generator)",
+                "flat.normal_(generator=generator)",
+            )
+        ],
+        [T + "test_papers_baselines.py"],
+    ),
+    Plant(
+        "fedbabu: pre-training trains the head",
+        S + "fedbabu.py",
+        [
+            (
+                "        result = job.sgd(job.shared_params(), lr=job.lr)\n"
+                "        return job.record_of(",
+                "        result = job.sgd(list(job.model.parameters()), lr=job.lr)\n"
+                "        return job.record_of(",
+            )
+        ],
+        [T + "test_papers_baselines.py"],
+    ),
+    Plant(
+        "fedbabu: fine-tuning takes the head only whatever fedbabu-finetune says",
+        S + "fedbabu.py",
+        [('if job.cfg.fedbabu_finetune == "head":', "if True:")],
+        [T + "test_papers_baselines.py"],
+    ),
     Plant(
         "scaffold: |S|/N factor dropped from the c update",
         S + "scaffold.py",

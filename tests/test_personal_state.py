@@ -127,6 +127,7 @@ STATEFUL = {
     "ffgg": {"ffgg-init": "stored"},
     "pflego": {"model": "pflego-mlp", "local-steps": 2},
     "apfl": {"local-steps": 2},
+    "ditto": {"local-steps": 2, "personal-steps": 2},
     "l2gd": {"local-steps": 2, "l2gd-p": 0.3, "lr": 0.01},
     "scaffold": {"local-steps": 2},
 }

@@ -23,6 +23,7 @@ from pflower.context_store import ContextStore, Scope, ScopedStore, open_store, 
 from pflower.strategies import measured
 from pflower.strategies.apfl import ALPHA_KEY, V_KEY, APFLClient
 from pflower.strategies.client import PERSONAL
+from pflower.strategies.ditto import V_KEY as DITTO_V
 from pflower.strategies.l2gd import LOCAL_MODEL, L2GDClient
 from pflower.strategies.scaffold import CLIENT_CONTROL
 from pflower.task.split import get_tensors
@@ -53,6 +54,7 @@ KEYS = {
         lambda job: job.init_personal,
     ),
     "apfl-v": ({"algorithm": "apfl"}, V_KEY, _whole_model),
+    "ditto-v": ({"algorithm": "ditto"}, DITTO_V, _whole_model),
     "l2gd-local-model": ({"algorithm": "l2gd", "fraction-train": 1.0}, LOCAL_MODEL, _whole_model),
     "scaffold-control": ({"algorithm": "scaffold"}, CLIENT_CONTROL, _zeros),
 }
