@@ -62,6 +62,7 @@ from pflower.context_store import ContextStore, open_store, scope_job
 from pflower.strategies import get_algorithm, wire_split
 from pflower.strategies.client import ClientJob, answer_query, measured
 from pflower.task import split as splits
+from pflower.task.data.loaders import as_pairs
 from pflower.task.fingerprint import OWN_LOADERS
 from pflower.task.run_model import split_by_rule
 from pflower.task.state import DirectoryStore, Store
@@ -159,7 +160,9 @@ class PersonalizedClient:
     model : nn.Module
         The client's model; each message overwrites the parameters it carries.
     train_loader, test_loader : DataLoader
-        The client's data, batches of ``(x, y)``.
+        The client's data: batches of ``(x, y)`` pairs, or dicts with named fields (Flower's
+        quickstarts' ``{"img": ..., "label": ...}``; ``batch_keys`` names others). A batch
+        of another layout is refused at the first message, naming what was found.
     algorithm : str
         A name of the run config's ``algorithm`` (Algorithms page), the server's strategy's
         (e.g. ``"pflego"`` for ``pflower.strategies.PFLEGO``).
@@ -176,6 +179,14 @@ class PersonalizedClient:
         algorithms whose local steps are plain SGD (``ClientHalf.users_loop``); the others
         run their own step and leave it unused, saying so once in the log (so one ClientApp
         serves every algorithm). ``None``: pflower's SGD.
+    evaluate_fn : callable or None (default: None)
+        Your evaluation loop ``evaluate_fn(model, loader, device) -> (loss, accuracy)`` (the
+        quickstart's ``test``), for the global and the personalized model alike; ``None``:
+        the model's loss (cross-entropy by default) and accuracy.
+    batch_keys : (str, str) or None (default: None)
+        The input's and the label's fields of a dict batch; ``None``: the first of
+        ``img``, ``image``, ``x``, ... and of ``label``, ``labels``, ``y``, ... the batch has
+        (``pflower.task.data.loaders.INPUT_KEYS``, ``LABEL_KEYS``).
     state : RecordDict or None (default: None)
         Where the personal state lives; ``None``: the node's (``context.state``, or the
         directory of node config ``state-dir``).
@@ -193,6 +204,8 @@ class PersonalizedClient:
         personal: str | Sequence[str] | splits.Split | None = None,
         run_config: Mapping | None = None,
         train_fn: Callable | None = None,
+        evaluate_fn: Callable | None = None,
+        batch_keys: tuple[str, str] | None = None,
         state: RecordDict | None = None,
         state_dir: str | None = None,
     ) -> None:
@@ -203,8 +216,10 @@ class PersonalizedClient:
             say_once(f"{algorithm}: pflower's client step (the algorithm defines it), not train_fn")
             train_fn = None
         self.half.check(self.cfg, model, self.split, train_fn)
-        self.model, self.train_fn = model, train_fn
-        self.train_loader, self.test_loader = train_loader, test_loader
+        self.model, self.train_fn, self.evaluate_fn = model, train_fn, evaluate_fn
+        # pflower's steps read (input, label) pairs; train_fn / evaluate_fn get your loaders
+        self.train_loader = as_pairs(train_loader, batch_keys)
+        self.test_loader = as_pairs(test_loader, batch_keys)
         self.store: Store | None = DirectoryStore(state_dir) if state_dir else None
         if self.store is None and state is not None:
             self.store = ContextStore(state)
@@ -249,6 +264,7 @@ class PersonalizedClient:
             rng_state=torch.Generator().manual_seed(salt).get_state(),
             handshake_settings=False,  # the algorithm is checked; model and data are yours
             train_loop=self.train_fn,
+            evaluate_loop=self.evaluate_fn,
         )
         job.receive(records, config)
         scope_job(job, config, training)  # state of this configuration only (context_store)

@@ -27,6 +27,7 @@ from pflower.strategies.apfl import APFL, APFLClient
 from pflower.strategies.async_ffgg import AsyncFFGG
 from pflower.strategies.client import ClientHalf, ClientJob, measured
 from pflower.strategies.combine import adaptive_clipping, robust_aggregator
+from pflower.strategies.ditto import Ditto, DittoClient
 from pflower.strategies.fedalt import (
     FedAlt,
     FedAltClient,
@@ -41,6 +42,8 @@ from pflower.strategies.fedavg import (
     LocalClient,
     LocalGDClient,
 )
+from pflower.strategies.fedbabu import FedBABU, FedBABUClient
+from pflower.strategies.fedprox import FedProx, FedProxClient, FedProxFineTuneClient
 from pflower.strategies.ffgg import (
     BRFFGG,
     FFGG,
@@ -185,6 +188,8 @@ __all__ = [
     "ClientHalf",
     "ClientJob",
     "ClientUpdate",
+    "Ditto",
+    "DittoClient",
     "FFGG",
     "FFGGClient",
     "FedAlt",
@@ -192,6 +197,11 @@ __all__ = [
     "FedAvg",
     "FedAvgClient",
     "FedAvgFineTuneClient",
+    "FedBABU",
+    "FedBABUClient",
+    "FedProx",
+    "FedProxClient",
+    "FedProxFineTuneClient",
     "L2GD",
     "L2GDClient",
     "Local",

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from pflower.strategies import privacy
 from pflower.task import split as splits
 from pflower.task import train as training
+from pflower.task.data.loaders import source_loader
 from pflower.task.fingerprint import model_fingerprint
 from pflower.task.models import GLOBAL_RNG
 from pflower.task.state import Store, load_matching, magnitude
@@ -95,6 +96,9 @@ class ClientJob:
     #: loss`` (Flower's quickstart ``train``), which then takes every ``sgd`` call: it trains
     #: the parameters of the call, the others frozen (``pflower.personal_client``)
     train_loop: Callable | None = None
+    #: an evaluation loop of the user's, ``evaluate_loop(model, loader, device) -> (loss,
+    #: accuracy)`` (Flower's quickstart ``test``), which then takes every ``evaluate`` call
+    evaluate_loop: Callable | None = None
 
     @functools.cached_property
     def params(self) -> dict[str, nn.Parameter]:
@@ -241,7 +245,8 @@ class ClientJob:
             p.grad = None
         self.model.train()
         with training.only_trainable(self.model, trainable):
-            loss = self.train_loop(self.model, loader, epochs, rates[0], self.device)
+            # the user's loop reads its own loader's batches, not the (input, label) pairs
+            loss = self.train_loop(self.model, source_loader(loader), epochs, rates[0], self.device)
         return training.TrainResult(
             loss=float(loss), steps=epochs * len(loader), examples=epochs * len(loader.dataset)
         )
@@ -256,7 +261,22 @@ class ClientJob:
         )
 
     def evaluate(self) -> dict:
-        return training.evaluate(self.model, self.test_loader, self.device)
+        """Loss and accuracy on this client's test data: the model's loss (``training.evaluate``)
+        or the user's ``evaluate_loop``, on the user's own loader, for a classifier."""
+        if self.evaluate_loop is None:
+            return training.evaluate(self.model, self.test_loader, self.device)
+        self.model.eval()
+        with torch.no_grad():
+            loss, accuracy = self.evaluate_loop(
+                self.model, source_loader(self.test_loader), self.device
+            )
+        n = len(self.test_loader.dataset)
+        return {
+            "loss": float(loss),
+            "accuracy": float(accuracy),
+            "correct": round(float(accuracy) * n),
+            "num-examples": n,
+        }
 
     def load(self, key: str, template: Mapping[str, torch.Tensor]) -> dict | None:
         """This client's stored state ``key`` if it fits ``template`` (``load_matching``),

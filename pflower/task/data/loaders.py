@@ -8,6 +8,7 @@ import functools
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -260,3 +261,89 @@ def _is_batched(loader) -> bool:
         and loader.num_workers == 0
         and loader.collate_fn is default_convert
     )
+
+
+#: the input's and the label's field names tried in a dict batch, in order (Flower's
+#: quickstarts and ``flwr-datasets``' image sets first: ``img`` / ``image`` and ``label``)
+INPUT_KEYS = ("img", "image", "x", "pixel_values", "input", "inputs", "features")
+LABEL_KEYS = ("label", "labels", "y", "target", "targets", "fine_label")
+
+
+class BatchLayoutError(ValueError):
+    """A batch pflower cannot read as ``(input, label)``; the message names the layout found
+    and the fix."""
+
+
+def _layout(batch) -> str:
+    if isinstance(batch, Mapping):
+        return f"a dict with keys {sorted(map(str, batch))}"
+    if isinstance(batch, (tuple, list)):
+        return f"a {type(batch).__name__} of {len(batch)}"
+    return f"a {type(batch).__name__}"
+
+
+class PairBatches:
+    """A loader of the user's, read as ``(input, label)`` batches: a pair (tuple or list of
+    two) as it is, a dict by its fields (``keys``: the input's and the label's names; None:
+    the first of ``INPUT_KEYS`` and of ``LABEL_KEYS`` the first dict batch has). Anything
+    else is refused at its first batch (``BatchLayoutError``, one line: what was found, what
+    to pass). Length and ``dataset`` are the loader's; ``source`` is the loader itself, which
+    a training or evaluation loop of the user's gets as it is."""
+
+    def __init__(self, loader, keys: tuple[str, str] | None = None) -> None:
+        if keys is not None and (len(keys) != 2 or not all(isinstance(k, str) for k in keys)):
+            raise ValueError(f"batch_keys = {keys!r}: must be (input key, label key)")
+        self.source, self.keys = loader, keys
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    @property
+    def dataset(self):
+        return self.source.dataset
+
+    def __iter__(self):
+        return (self.pair(batch) for batch in self.source)
+
+    def pair(self, batch):
+        if isinstance(batch, Mapping):
+            x_key, y_key = self.keys or self._find(batch)
+            missing = [k for k in (x_key, y_key) if k not in batch]
+            if missing:
+                raise BatchLayoutError(
+                    f"a batch is {_layout(batch)}, without {missing}: pass batch_keys=(input "
+                    "key, label key) to PersonalizedClient"
+                )
+            return batch[x_key], batch[y_key]
+        if isinstance(batch, (tuple, list)) and len(batch) == 2:
+            return batch[0], batch[1]
+        raise BatchLayoutError(
+            f"a batch is {_layout(batch)}: pflower reads (input, label) pairs or dicts with "
+            "named fields; make the loader yield one of them (batch_keys=(input key, label "
+            "key) names a dict's)"
+        )
+
+    def _find(self, batch: Mapping) -> tuple[str, str]:
+        x_key = next((k for k in INPUT_KEYS if k in batch), None)
+        y_key = next((k for k in LABEL_KEYS if k in batch), None)
+        if x_key is None or y_key is None:
+            raise BatchLayoutError(
+                f"a batch is {_layout(batch)}: pflower looks for the input in one of "
+                f"{list(INPUT_KEYS)} and the label in one of {list(LABEL_KEYS)}; pass "
+                "batch_keys=(input key, label key) to PersonalizedClient"
+            )
+        self.keys = (x_key, y_key)  # found once: every batch of a loader has one layout
+        return self.keys
+
+
+def source_loader(loader):
+    """The user's own loader behind a ``PairBatches`` (any other loader as it is)."""
+    return loader.source if isinstance(loader, PairBatches) else loader
+
+
+def as_pairs(loader, keys: tuple[str, str] | None = None):
+    """``loader`` as ``(input, label)`` batches: pflower's own loaders (``batched``) as they
+    are (they slice pairs already), any other in a ``PairBatches``."""
+    if keys is None and _is_batched(loader):
+        return loader
+    return PairBatches(loader, keys)
