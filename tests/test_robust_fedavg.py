@@ -230,3 +230,37 @@ def test_replies_alone_with_a_malformed_minority_are_checked_against_the_majorit
     assert next(iter(strategy.dropped)).startswith("names/shapes/dtypes differ")
     # nothing usable: None, as Flower's strategies answer a round without replies
     assert RobustFedAvg(aggregator=Mean()).aggregate_train(1, []) == (None, None)
+
+
+def test_a_rule_that_cannot_take_its_f_at_the_planned_round_size_is_refused_before_any_message():
+    """The library page's example (median of buckets of 2, byzantine = 2) at 5 replies a
+    round of 8 nodes: refused in one line naming the size that works (9), no message sent;
+    at every node a round (8 replies: 4 buckets, median tolerates 1) still refused; a rule
+    the size takes runs."""
+    sent = []
+
+    def counting(msg, context):
+        sent.append(msg)
+        return quickstart_app({})(msg, context)
+
+    for fraction in (0.6, 1.0):
+        strategy = RobustFedAvg(
+            aggregator=make_aggregator("median", bucket_size=2),
+            byzantine=2,
+            fraction_train=fraction,
+            fraction_evaluate=0.0,
+        )
+        grid = LocalGrid(counting, len(TARGETS))
+        start = ArrayRecord({"w": Array(np.full(4, 5.0, np.float32))})
+        with pytest.raises(ValueError, match=r"byzantine=2\).*a round of 9 replies or more") as e:
+            strategy.start(grid=grid, initial_arrays=start, num_rounds=3)
+        assert "\n" not in str(e.value)
+        assert not sent
+    plain_median = RobustFedAvg(
+        aggregator=make_aggregator("median"),
+        byzantine=2,
+        fraction_train=0.75,
+        fraction_evaluate=0.0,
+    )
+    w = run(plain_median, {0: "huge", 7: "huge"}, rounds=3)
+    assert np.abs(w).max() < 5.0

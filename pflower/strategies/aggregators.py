@@ -140,7 +140,8 @@ class Aggregator(ABC):
 
     def problem(self, n: int, f: int) -> str:
         """Why this rule cannot combine ``n`` inputs of which ``f`` Byzantine ('' if it
-        can): the server refuses such a run at start and skips such a round."""
+        can): the server refuses a run whose rounds are planned at such a size, and a round
+        that ends at one (dropped or failed replies) falls back to the default defence's clip."""
         tolerated = self.max_byzantine(n)
         if tolerated < 0:
             return f"{self.name} cannot combine {n} inputs (too few for its breakdown point)"

@@ -170,6 +170,8 @@ MIN_SPREAD_REPLIES = 3
 #: beside a robust rule (``robust-small-rounds = "clip"``) the clip replaces it where it
 #: combines fewer values than this (``PersonalizedStrategy.combine``)
 MIN_RULE_INPUTS = 5
+#: the largest round size the refusal of a rule's f searches for one that works
+MAX_SAMPLE_SEARCHED = 1000
 #: columns per chunk of the Gram matrix (N x CHUNK float64: a few hundred kB, in cache)
 GRAM_CHUNK = 8192
 
@@ -568,13 +570,35 @@ class RobustRule(Combine):
         return self.rule.name
 
     def check_sample(self, num_replies: int) -> None:
-        problem = self.rule.problem(num_replies, self.byzantine)
+        problem = self.sample_problem(num_replies)
         if problem:
             raise ValueError(
                 f"keys 'robust-aggregator' / 'robust-byzantine' = {self.byzantine} / "
-                f"'robust-krum-m' / 'fraction-train': {problem}; each round samples "
-                f"{num_replies} nodes"
+                f"'robust-krum-m' / 'fraction-train': {problem} (or lower 'robust-byzantine')"
             )
+
+    def sample_problem(self, num_replies: int) -> str:
+        """Why rounds of ``num_replies`` cannot take the rule with its f, and the round size
+        that would ('' where they can)."""
+        problem = self.rule.problem(num_replies, self.byzantine)
+        if not problem:
+            return ""
+        works = self.smallest_sample()
+        fix = (
+            f"a round of {works} replies or more takes f = {self.byzantine}"
+            if works
+            else f"no round size up to {MAX_SAMPLE_SEARCHED} takes f = {self.byzantine}"
+        )
+        return f"{problem}; each round samples {num_replies} nodes, and {fix}"
+
+    def smallest_sample(self) -> int | None:
+        """The fewest replies a round of which the rule takes its f, and every larger round
+        up to ``MAX_SAMPLE_SEARCHED`` too (None: there is no such size)."""
+        works = [not self.rule.problem(n, self.byzantine) for n in range(MAX_SAMPLE_SEARCHED + 1)]
+        for n in range(MAX_SAMPLE_SEARCHED, -1, -1):
+            if not works[n]:
+                return n + 1 if n < MAX_SAMPLE_SEARCHED else None
+        return 0
 
     def combined(self, rnd, vectors, weights, center=None, kind=None) -> dict[str, np.ndarray]:
         step = None

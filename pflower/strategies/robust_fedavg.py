@@ -28,7 +28,9 @@ Every reply goes through the admit, bound and combine stages of pflower's own st
 (``bound.UpdateNormBound``: every update at most ``max_update_norm`` x a reference that starts at
 the model's norm and grows at most ``update_norm_growth`` per round) at every round size, and the
 rule with its f (``combine.RobustRule``), whose preconditions (breakdown point for ``byzantine``,
-Multi-Krum's m <= N - f) are checked every round against the replies kept. ``byzantine`` = f
+Multi-Krum's m <= N - f) are checked before the first message against the planned round size
+(a rule that cannot take its f there is refused, naming the size that would) and every round
+against the replies kept. ``byzantine`` = f
 Byzantine replies among those kept, whatever else the round lost (a failed device is not an
 attacker); a round the rule cannot take with its f falls back to the default defence's clip
 (counted in ``fallbacks``), never to a plain mean, never skipped. A round that aggregates
@@ -114,10 +116,19 @@ class RobustFedAvg(FedAvg):
         self.fallbacks = 0  # rounds the rule could not take with its f: the clip took them
         self._current: ArrayRecord | None = None
         self._out: list[Message] = []
+        self._sample_checked = False
 
     def configure_train(self, server_round, arrays, config, grid):
         self._current = arrays  # the model the clients start from: updates are relative to it
         self._out = list(super().configure_train(server_round, arrays, config, grid))
+        if not self._sample_checked:  # before the first message: a rule that cannot take
+            self._sample_checked = True  # its f at the planned round size is refused
+            problem = self.pipeline.combine.sample_problem(len(self._out))
+            if problem:
+                raise ValueError(
+                    f"RobustFedAvg(byzantine={self.byzantine}): {problem}; sample more nodes "
+                    "a round (fraction_train, min_train_nodes) or tolerate fewer (byzantine)"
+                )
         return self._out
 
     def _layout(self, replies: list[Message]) -> dict[str, tuple] | None:
