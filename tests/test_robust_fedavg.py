@@ -264,3 +264,35 @@ def test_a_rule_that_cannot_take_its_f_at_the_planned_round_size_is_refused_befo
     )
     w = run(plain_median, {0: "huge", 7: "huge"}, rounds=3)
     assert np.abs(w).max() < 5.0
+
+
+def test_the_library_pages_example_learns_on_flowers_quickstart_clientapp():
+    """docs/library.md's RobustFedAvg (geometric median of buckets of 2, byzantine = 2, every
+    node of 10 a round) on the quickstart's own Flower ClientApp: runs, and its global model
+    learns (chance 0.1; 40 rounds, 3 seeds: 84.30 % against FedAvg's 87.14 %,
+    benchmarks/results/robust-fedavg-clean.json)."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "quickstart"))
+    from quickstart_app.flower_client_app import app
+    from quickstart_app.task import Net
+
+    torch.manual_seed(0)
+    strategy = RobustFedAvg(
+        aggregator=make_aggregator("geometric-median", bucket_size=2),
+        byzantine=2,
+        fraction_train=1.0,
+    )
+    grid = LocalGrid(app, 10, {"batch-size": 32, "local-epochs": 1})
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(Net().state_dict()),
+        num_rounds=10,
+        train_config=ConfigRecord({"lr": 0.1}),
+    )
+    final = result.evaluate_metrics_clientapp[10]
+    assert final["eval_acc"] > 0.5, final
+    assert strategy.fallbacks == 0 and not strategy.dropped

@@ -9,11 +9,11 @@ so the ClientApp is unchanged) whose ``aggregate_train`` applies a robust rule o
     from pflower.strategies.robust_fedavg import RobustFedAvg
 
     strategy = RobustFedAvg(
-        aggregator=make_aggregator("median", bucket_size=2),  # bucketing + coordinate median
-        byzantine=2,  # tolerate 2 Byzantine replies per round (checked against the rule)
+        aggregator=make_aggregator("geometric-median", bucket_size=2),  # bucketing + RFA
+        byzantine=2,  # tolerate 2 Byzantine replies per round: 9 replies a round or more
         fraction_train=1.0,
     )
-    result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=10)
+    result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=40)
 
 Unlike Flower's own ``FedMedian``, ``FedTrimmedAvg`` and ``MultiKrum``, which act on the raw
 weights and raise on the first inconsistent reply (the whole round is skipped), a reply that is
