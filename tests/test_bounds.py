@@ -729,3 +729,52 @@ def test_the_rule_is_checked_before_the_first_pretraining_round():
     with pytest.raises(ValueError, match="median over 2 inputs tolerates at most 0"):
         run_local(run, 2, client_app=attacking_app(run, received=received))
     assert received == []
+
+
+def test_a_phase_that_applied_nothing_fails_however_few_rounds_it_has():
+    """Two pre-training rounds whose every reply is dropped (NaN) and a max-failed-rounds of
+    3: the count never reaches 3 within the phase, and the phase's last round fails the run,
+    naming the phase and the drops; with max-failed-rounds 0 (off) the run goes on."""
+    run = {**RUN, "algorithm": "fedalt", "pretrain-rounds": 2, "num-server-rounds": 4}
+    nan = ClientApp()
+    honest = build_client_app(run)
+
+    @nan.train()
+    def train(msg, context):
+        reply = honest(msg, context)
+        if msg.content["config"].get("phase") == "pretrain":
+            arrays = reply.content["arrays"]
+            bad = {k: Array(np.full_like(a.numpy(), np.nan)) for k, a in arrays.items()}
+            reply.content["arrays"] = ArrayRecord(bad)
+        return reply
+
+    @nan.evaluate()
+    def evaluate(msg, context):
+        return honest(msg, context)
+
+    with pytest.raises(RunFailed, match=r"pre-training phase \(rounds 1-2\).*non-finite"):
+        run_local({**run, "max-failed-rounds": 3}, 3, client_app=nan)
+    report = run_local({**run, "max-failed-rounds": 0}, 3, client_app=nan)
+    assert report.rounds[-1].train["applied"] > 0
+
+
+def test_a_run_whose_shared_parameters_never_move_fails_at_its_last_round():
+    """Clients that send back what they received (a loop that trains nothing): every reply
+    is kept and applied, theta never changes: no success. Local's never move by design."""
+    run = {**RUN, "algorithm": "fedavg", "num-server-rounds": 2}
+    echo, honest = ClientApp(), build_client_app(run)
+
+    @echo.train()
+    def train(msg, context):
+        reply = honest(msg, context)
+        reply.content["arrays"] = msg.content["arrays"]
+        return reply
+
+    @echo.evaluate()
+    def evaluate(msg, context):
+        return honest(msg, context)
+
+    with pytest.raises(RunFailed, match="never moved in 2 training rounds"):
+        run_local(run, 3, client_app=echo)
+    local = run_local({**RUN, "algorithm": "local", "num-server-rounds": 2}, 3)  # by design
+    assert local.rounds[-1].train["applied"] == 3

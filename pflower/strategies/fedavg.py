@@ -59,6 +59,7 @@ class Local(PersonalizedStrategy):
 
     #: the handshake's algorithm names of a strategy built by hand (the clients it serves)
     serves = ("local",)
+    federates = False  # nothing shared moves: the run's result is each client's own model
 
     def aggregate(self, server_round, current, updates) -> dict[str, np.ndarray]:
         return current

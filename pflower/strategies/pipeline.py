@@ -152,6 +152,8 @@ class ReplyPipeline:
             "robust_fallback": getattr(self.combine, "fallback", None),
             "last_good": self.rollback.last_good,  # the parameters a taken round goes back to
             "step_bound": self.combine.step,  # the history of applied steps
+            # what the phases applied and whether theta moved (a run that did nothing fails)
+            "settled": (dict(self.settle.phase_applied), self.settle.moved),
         }
 
     def load_state_dict(self, state: Mapping) -> dict:
@@ -173,6 +175,9 @@ class ReplyPipeline:
         step = rest.pop("step_bound", None)
         if step is not None and self.combine.step is not None:  # the history, this run's c
             self.combine.step.norms = dict(step.norms)
+        settled = rest.pop("settled", None)
+        if settled is not None:
+            self.settle.phase_applied, self.settle.moved = dict(settled[0]), bool(settled[1])
         fallback = rest.pop("robust_fallback", None)
         if fallback is not None and hasattr(self.combine, "fallback"):
             clip = self.combine.clip

@@ -301,6 +301,10 @@ class PersonalizedStrategy(Strategy):
             setattr(self, name, value)
 
     # --- lifecycle --------------------------------------------------------------------------
+    #: whether the algorithm federates any parameter (``Local`` does not: its shared
+    #: parameters never move, by design)
+    federates = True
+
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, **kwargs):
         """Flower's round loop; ``num_rounds`` counts pre-training rounds too."""
         if num_rounds <= self.pretrain_rounds:
@@ -562,14 +566,29 @@ class PersonalizedStrategy(Strategy):
         if self.privacy is not None:
             metrics.update(self.privacy.metrics())
         entry.train = metrics
-        self.pipeline.settle(rnd, applied)  # resets, and the run stopped after failed rounds
-        if new is None:
+        settle = self.pipeline.settle
+        settle(rnd, applied)  # resets, and the run stopped after failed rounds
+        settle.phase(*self._phase(server_round), server_round, applied)
+        arrays = None
+        if new is not None:
+            # np.asarray, not np.ascontiguousarray: that one turns a 0-dim array into shape
+            # (1,), which the clients then refuse as a layout they do not hold
+            arrays = {k: np.asarray(v, dtype=rnd.current[k].dtype) for k, v in new.items()}
+        if self.federates:  # a run whose shared parameters never moved did nothing
+            moved = settle.moved or (
+                arrays is not None
+                and any(not np.array_equal(a, rnd.current[k]) for k, a in arrays.items())
+            )
+            settle.moves(server_round, self.num_rounds, moved)
+        if arrays is None:
             return back or self._current, MetricRecord(metrics)
-        # np.asarray, not np.ascontiguousarray: that one turns a 0-dim array into shape (1,),
-        # which the clients then refuse as a layout they do not hold; to_array: the .npy
-        # bytes of Array(ndarray), the values copied once
-        arrays = {k: np.asarray(v, dtype=rnd.current[k].dtype) for k, v in new.items()}
-        return to_record(arrays), MetricRecord(metrics)
+        return to_record(arrays), MetricRecord(metrics)  # the .npy bytes, copied once
+
+    def _phase(self, server_round: int) -> tuple[str, range]:
+        """The phase of a training round and its rounds: pre-training, or the algorithm's."""
+        if self.pretraining(server_round):
+            return "pre-training", range(1, self.pretrain_rounds + 1)
+        return "training", range(self.pretrain_rounds + 1, self.num_rounds + 1)
 
     def _step(self, rnd: Round, updates: list[ClientUpdate]) -> dict[str, np.ndarray]:
         """The algorithm's step on the round's updates; under central DP, a round that kept

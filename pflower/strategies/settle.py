@@ -5,6 +5,14 @@ reply was applied (all dropped, or skipped) stop the run with ``RunFailed``, lis
 round's drop reasons: a misconfigured federation fails loudly instead of saving an untrained
 model as its result.
 
+**A phase that applied nothing, a model that never moved.** A phase (the pre-training
+rounds, the algorithm's rounds) none of whose rounds applied a reply fails the run at its last
+round, however few rounds it has (fewer than ``max_failed_rounds`` never reached that count);
+so does a run at its last training round whose shared parameters never moved (every reply
+applied was a zero step: an ``lr`` of 0, or clients that cannot train), for an algorithm that
+federates any. A run that did nothing never ends "successfully" (``max_failed_rounds = 0``
+switches these checks off with the other).
+
 **A taken model** (``Rollback``). A round whose replies show that a Byzantine majority took
 theta (more replies dropped for their size than kept) is not applied: theta goes back to the last
 good round's, and the round counts as one that applied nothing.
@@ -48,8 +56,11 @@ class Settle:
         if max_failed_rounds < 0:
             raise ValueError(f"max_failed_rounds = {max_failed_rounds}: must be >= 0 (0: off)")
         self.max_failed_rounds = max_failed_rounds
+        self._reasons = ""  # the last round's drop reasons
         self.failed_rounds = 0  # consecutive training rounds that applied no reply
         self.value_drops: dict[int, int] = {}  # node -> consecutive rounds of value drops
+        self.phase_applied: dict[str, int] = {}  # phase -> replies applied in it
+        self.moved = False  # whether a round changed the shared parameters
 
     def __call__(self, rnd: Round, applied: int) -> None:
         """After a training round: track the nodes whose replies keep being dropped for
@@ -69,12 +80,34 @@ class Settle:
         """Raise ``RunFailed`` after ``max_failed_rounds`` consecutive rounds that applied
         no reply, listing the last one's drop reasons (``dropped``)."""
         self.failed_rounds = 0 if applied else self.failed_rounds + 1
+        reasons = self._reasons = "; ".join(f"{n} x {r}" for r, n in sorted(dropped.items()))
         if self.max_failed_rounds and self.failed_rounds >= self.max_failed_rounds:
-            reasons = "; ".join(f"{n} x {r}" for r, n in sorted(dropped.items())) or "none"
+            reasons = reasons or "none"
             raise RunFailed(
                 f"{self.failed_rounds} consecutive training rounds applied no reply (key "
                 f"'max-failed-rounds' = {self.max_failed_rounds}); round {number}'s "
                 f"drops: {reasons}"
+            )
+
+    def phase(self, name: str, rounds: range, number: int, applied: int) -> None:
+        """After training round ``number`` of phase ``name`` (its ``rounds``): raise
+        ``RunFailed`` at the phase's last round when none of its rounds applied a reply."""
+        done = self.__dict__.setdefault("phase_applied", {})  # a checkpoint from before
+        done[name] = done.get(name, 0) + applied
+        if self.max_failed_rounds and number == rounds[-1] and not done[name]:
+            raise RunFailed(
+                f"the {name} phase (rounds {rounds[0]}-{rounds[-1]}) applied no reply in any "
+                f"round; round {number}'s drops: {getattr(self, '_reasons', '') or 'none'}"
+            )
+
+    def moves(self, number: int, last: int, moved: bool) -> None:
+        """After training round ``number`` (``moved``: it changed the shared parameters):
+        raise ``RunFailed`` at the run's ``last`` training round if no round ever did."""
+        self.moved = self.__dict__.get("moved", False) or moved
+        if self.max_failed_rounds and number == last and not self.moved:
+            raise RunFailed(
+                f"the shared parameters never moved in {last} training rounds: every step "
+                "applied was zero (is 'lr' 0, or can the clients not train?)"
             )
 
     def reset_nodes(self) -> set[int]:
@@ -83,8 +116,9 @@ class Settle:
         return {n for n, k in self.value_drops.items() if k >= RESET_AFTER}
 
     def restart(self) -> None:
-        """A new run: no failed round, no value drop yet."""
+        """A new run: no failed round, no value drop, nothing applied or moved yet."""
         self.failed_rounds, self.value_drops = 0, {}
+        self.phase_applied, self.moved, self._reasons = {}, False, ""
 
 
 class Rollback:
