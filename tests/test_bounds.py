@@ -247,6 +247,10 @@ def test_small_rounds_are_bounded(algorithm, nodes):
     the run equals the one in which node 0 never answers (PFLEGO: its server Adam never
     sees the huge gradient)."""
     run = {**RUN, **ALGORITHMS[algorithm]}
+    if nodes == 1:  # the only node is the attacker: no round applies a reply, a failed run
+        with pytest.raises(RunFailed, match="applied no reply in any round.* update norm"):
+            run_local(run, nodes, client_app=attacking_app(run, scaled(lambda r: 1e6)))
+        return
     bad = run_local(run, nodes, client_app=attacking_app(run, scaled(lambda r: 1e6)))
     silent = run_on(
         LocalGrid(build_client_app(run), nodes, silent=[0]), Config.from_run_config(run)
@@ -573,8 +577,9 @@ def test_non_finite_replies_are_dropped_for_their_values_with_and_without_the_no
 ):
     """With the update-norm bound on, a reply's values are checked by its float64 norm (one
     pass, non-finite iff a value is); without it, by an isfinite pass. Either way a NaN and
-    an Inf reply are dropped as "non-finite values", every round, and the honest one is
-    applied."""
+    an Inf reply are dropped as "non-finite values", every round, and the two honest ones
+    are applied (one alone would move nothing: a lone reply's norm has no other node's to be
+    judged by, and a run whose model never moves fails)."""
 
     def poison(pid, rnd, vector, sent):
         if pid in (0, 1):
@@ -585,10 +590,10 @@ def test_non_finite_replies_are_dropped_for_their_values_with_and_without_the_no
         return None
 
     run = {**RUN, "algorithm": "fedavg", "max-update-norm": max_update_norm}
-    report = run_local(run, 3, client_app=attacking_app(run, poison))
+    report = run_local(run, 4, client_app=attacking_app(run, poison))
     assert drops(report, "non-finite values") == 2 * 2
     assert drops(report, "update norm") == 0
-    assert [e.train["applied"] for e in report.rounds if e.train] == [1, 1]
+    assert [e.train["applied"] for e in report.rounds if e.train] == [2, 2]
 
 
 def test_a_node_dropped_for_its_values_twice_is_sent_personal_reset_and_recovers():
