@@ -8,6 +8,7 @@ from flwr.app import Array, ArrayRecord
 from helpers import OUTPUTS_DIR
 
 from pflower.config import Config, ConfigError
+from pflower.strategies.settle import RunFailed
 from pflower.testbed import attacks
 from pflower.testbed.local_grid import run_local
 
@@ -250,7 +251,8 @@ def test_attacks_and_delays_attach_only_through_the_experiment_client_app():
     assert production.dropped == 2 and entry.train["applied"] == 2
     assert all("experiment ClientApp" in reason for reason in entry.dropped), entry.dropped
     slow = {**run, "straggler-delay-s": 0.001}
-    assert run_local(slow, 2, client_app=build_client_app(slow)).dropped == 2
+    with pytest.raises(RunFailed, match="applied no reply in any round.*experiment ClientApp"):
+        run_local(slow, 2, client_app=build_client_app(slow))  # every reply refused: failed
     attacked = run_local(run, 4, client_app=experiment_client_app(run), node_configs=nodes)
     assert attacked.dropped == 0 and attacked.final != production.final
 
