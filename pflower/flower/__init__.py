@@ -94,3 +94,23 @@ def source_of(load, what: str, instead: str):
         raise FlowerDrift(
             f"{what} cannot be read ({type(err).__name__}: {err}); {instead}"
         ) from err
+
+
+def flower_version() -> str:
+    """The version of the ``flwr`` module in use: its own ``__version__``, which every Flower
+    distribution sets (``flwr``, and ``flwr-nightly``, which installs the same module under
+    another distribution name, so that ``importlib.metadata.version("flwr")`` fails or finds
+    another install's); the ``flwr`` distribution's metadata where the module has none."""
+    import flwr
+
+    found = getattr(flwr, "__version__", None)
+    if isinstance(found, str) and found:
+        return found
+    from importlib.metadata import PackageNotFoundError, version
+
+    for distribution in ("flwr", "flwr-nightly"):
+        try:
+            return version(distribution)
+        except PackageNotFoundError:
+            continue
+    return "unknown"

@@ -207,8 +207,8 @@ def probe_superlink(database: Path, timeout: float = PROBE_S) -> str | None:
 
 def _version() -> str:
     try:
-        from importlib.metadata import version
+        from pflower.flower import flower_version
 
-        return version("flwr")
+        return flower_version()
     except Exception:  # noqa: BLE001 - a version only makes the hint more precise
         return "this"

@@ -157,9 +157,9 @@ def provenance(fab_hash: str = "") -> dict:
     identifies the code."""
     import platform
     import subprocess
-    from importlib import metadata
 
     import pflower
+    from pflower.flower import flower_version
 
     try:
         commit = (
@@ -176,7 +176,7 @@ def provenance(fab_hash: str = "") -> dict:
         commit = None
     return {
         "pflower": pflower.__version__,
-        "flwr": metadata.version("flwr"),
+        "flwr": flower_version(),  # the module's own: flwr-nightly installs it as flwr
         "torch": torch.__version__,
         "python": platform.python_version(),
         "git-commit": commit,
