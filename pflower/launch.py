@@ -432,6 +432,26 @@ def run(argv: Sequence[str] | None = None) -> int:
     return FAILED
 
 
+def _check_keys_alone(app: str, run_config: Sequence[str]) -> int:
+    """``pflower check-config`` where ``app`` has no ``pyproject.toml``: the run config's keys
+    checked as pflower's alone (every key must be one), said so."""
+    try:
+        given = overrides_of(run_config)
+        Config.from_run_config(given)
+    except ConfigError as err:
+        print(f"pflower check-config: {err}", file=sys.stderr)
+        return REFUSED
+    except FlowerDrift as err:
+        print(f"pflower check-config: cannot check: {err}", file=sys.stderr)
+        return FAILED
+    said = ", ".join(f"{k}={v!r}" for k, v in given.items()) or "pflower's defaults"
+    print(
+        f"no {Path(app) / 'pyproject.toml'}: checked as pflower's keys alone (an app's own keys "
+        f"would be refused here). run config OK: {said}"
+    )
+    return COMPLETED
+
+
 def check(argv: Sequence[str] | None = None) -> int:
     """``pflower check-config``: validate a run config offline."""
     p = argparse.ArgumentParser(
@@ -444,6 +464,8 @@ def check(argv: Sequence[str] | None = None) -> int:
     p.add_argument("app", nargs="?", default=".", help="the Flower app (default: .)")
     p.add_argument("--run-config", "-c", action="append", default=[], help="as for flwr run")
     args = p.parse_args(argv)
+    if not (Path(args.app).expanduser() / "pyproject.toml").is_file():
+        return _check_keys_alone(args.app, args.run_config)
     try:
         cfg = check_config(args.app, args.run_config)
     except ConfigError as err:
@@ -453,6 +475,14 @@ def check(argv: Sequence[str] | None = None) -> int:
         print(f"pflower check-config: cannot check: {err}", file=sys.stderr)
         return FAILED
     declared, serverapp = app_config(args.app)
+    if serverapp not in (PFLOWER_SERVERAPP, None):  # which keys are pflower's, which the app's
+        pflowers = set(Config.model_fields) | {f.alias for f in Config.model_fields.values()}
+        own = sorted(k for k in {**declared, **overrides_of(args.run_config)} if k not in pflowers)
+        mine = sorted(k for k in declared if k in pflowers)
+        print(
+            f"{serverapp}: pflower's keys (checked): {', '.join(mine) or 'none'}; the app's own "
+            f"(left to it): {', '.join(own) or 'none'}"
+        )
     if serverapp in (PFLOWER_SERVERAPP, None):  # what the run changes, the algorithm's too
         defaults = Config.from_run_config(declared).to_flat()
         changed = {k: v for k, v in cfg.to_flat().items() if v != defaults.get(k)}

@@ -407,3 +407,37 @@ def test_pflower_run_uses_a_flower_home_of_its_own_where_another_version_wrote_t
     assert launch.run([str(ROOT)]) == 1
     assert "running on a Flower home of its own" not in capsys.readouterr().err
     assert seen.read_text().split()[2:] == [str(home)]
+
+
+def test_check_config_without_a_pyproject_checks_pflowers_keys_alone(tmp_path, capsys):
+    """No pyproject.toml in the directory: the keys are checked as pflower's, and it says so."""
+    assert launch.check([str(tmp_path), "-c", "algorithm='ditto' ditto-lambda=0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "checked as pflower's keys alone" in out and "ditto-lambda=0.5" in out
+    assert launch.check([str(tmp_path), "-c", "hidden-units=3"]) == launch.REFUSED
+    assert "'hidden-units' = 3: unknown key" in capsys.readouterr().err
+
+
+def test_check_config_on_a_users_app_says_which_keys_are_pflowers_and_which_its_own(
+    tmp_path, capsys
+):
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "pyproject.toml").write_text(
+        '[tool.flwr.app.components]\nserverapp = "mine.server_app:app"\n'
+        'clientapp = "mine.client_app:app"\n'
+        "[tool.flwr.app.config]\nlr = 0.1\nlocal-epochs = 1\nhidden-units = 64\n"
+    )
+    assert launch.check([str(app), "-c", "lr=0.2"]) == launch.COMPLETED
+    out = capsys.readouterr().out
+    assert "pflower's keys (checked): local-epochs, lr" in out
+    assert "the app's own (left to it): hidden-units" in out
+
+
+def test_experiment_help_shows_the_file_format():
+    from pflower.experiment.command import parser
+    from pflower.experiment.spec import EXPERIMENT_KEYS
+
+    text = parser().format_help()
+    assert "[experiment]" in text and "[[run]]" in text and "docs/experiments.md" in text
+    assert all(key in text for key in EXPERIMENT_KEYS)

@@ -14,6 +14,7 @@ from typing import Any
 from pflower.config import ConfigError
 from pflower.experiment.loading import load
 from pflower.experiment.running import execute, finished
+from pflower.experiment.spec import EXPERIMENT_KEYS
 from pflower.experiment.tables import write_summary
 
 
@@ -25,10 +26,28 @@ def _value(text: str) -> Any:
         return text
 
 
+def file_format() -> str:
+    """The experiment file's format, as ``--help`` shows it: the ``[experiment]`` keys as the
+    loader checks them (``spec.EXPERIMENT_KEYS``), the tables, an example and the docs."""
+    keys = "\n".join(f"    {k:<13} {what}" for k, what in EXPERIMENT_KEYS.items())
+    return (
+        "the file (TOML):\n"
+        "  [experiment]   what the experiment is:\n"
+        f"{keys}\n"
+        "  [base]         run-config keys every run starts from (docs/reference/run-config.md)\n"
+        "  [grid]         key = [values, ...]: every run once per value (its label says which)\n"
+        '  [[run]]        name = "...", run-config keys over [base], and optionally\n'
+        "                 grid = { key = [values, ...] } for that run alone\n"
+        "example: benchmarks/experiments/mnist-5c.toml; the format in full: docs/experiments.md"
+    )
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pflower experiment",
         description="Run an experiment file (a grid of runs) and summarize it.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=file_format(),
     )
     p.add_argument("file", type=Path, help="the experiment's TOML file")
     p.add_argument("--out", type=Path, default=None, help="output directory (default: the file's)")
