@@ -288,7 +288,9 @@ def test_a_user_s_own_app_is_checked_on_pflower_s_keys_and_its_algorithms(
     with pytest.raises(ConfigError, match=served + r" 'fedalt', 'apfl', 'pflego'"):
         launch.check_config(quickstart, ["algorithm='ffgg'"])
     assert launch.check([str(tmp_path), "-c", "hidden-units=128"]) == launch.COMPLETED
-    assert capsys.readouterr().out == "run config OK: hidden-units=128\n"
+    out = capsys.readouterr().out
+    assert out.endswith("run config OK: hidden-units=128\n")
+    assert "the app's own (left to it): hidden-units" in out
     # pflower run refuses before flwr runs (a flwr that would say otherwise is never called)
     flwr = tmp_path / "flwr"
     flwr.write_text("#!/bin/bash\necho ran\nexit 0\n")

@@ -151,7 +151,7 @@ def test_a_round_without_replies_keeps_theta(task_identity):
     strategy = Strategy(lr=0.1)
     current = {"w": np.ones(3, dtype=np.float32)}
     strategy._current = ArrayRecord({"w": torch.ones(3)})
-    strategy.num_rounds = 1
+    strategy.num_rounds = 2  # not the last round: a phase that applied nothing fails there
     arrays, metrics = strategy.aggregate_train(1, [])
     assert metrics["applied"] == 0
     np.testing.assert_array_equal(arrays["w"].numpy(), current["w"])

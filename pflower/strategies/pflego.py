@@ -243,6 +243,7 @@ class PFLEGO(PersonalizedStrategy):
     ) -> None:
         super().__init__(reply_key=GRADIENT, **kwargs)
         self.freeze_body = freeze_body
+        self.federates = not freeze_body  # a frozen body never moves, by design
         if alpha not in ALPHA_MODES:
             raise ValueError(f"alpha = {alpha!r}: must be one of {ALPHA_MODES}")
         self.alpha = alpha
