@@ -434,15 +434,14 @@ def test_a_flower_older_than_the_kit_was_checked_on_is_refused_at_the_start(
     """With flwr 1.35 the SuperLink starts, but its CLI cannot reach it through the kit's
     connection, and ``up`` failed after a minute with "did not come up" (``.ci/compat``): an
     older Flower is refused before anything starts, naming both versions."""
-    import importlib.metadata
-
+    import pflower.flower
     from pflower.deploy import flower_cli
 
     for ok in ("1.41.0", "1.42.0", "1.42.1rc1", "2.0.0"):
         flower_cli.require_checked_flower(ok)
     with pytest.raises(RuntimeError, match=r"needs flwr >= 1\.41 .* has flwr 1\.35\.0"):
         flower_cli.require_checked_flower("1.35.0")
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.40.2")
+    monkeypatch.setattr(pflower.flower, "flower_version", lambda: "1.40.2")
     with pytest.raises(SystemExit) as exited:
         deploy.main(["up", "--dir", str(tmp_path / "fed"), "--supernodes", "1"])
     assert exited.value.code == 1

@@ -30,10 +30,10 @@ def require_checked_flower(version: str | None = None) -> None:
     """Refuse, at the start, a Flower older than the kit was checked on (``OLDEST_FLOWER``),
     naming both versions: otherwise ``up`` fails minutes later, after the SuperLink started,
     with "the SuperLink did not come up" and no cause."""
-    if version is None:
-        from importlib.metadata import version as installed
+    if version is None:  # the module's own (flwr-nightly installs it under another name)
+        from pflower import flower
 
-        version = installed("flwr")
+        version = flower.flower_version()
     parts = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
     if parts < OLDEST_FLOWER:
         oldest = ".".join(map(str, OLDEST_FLOWER))
