@@ -120,6 +120,11 @@ def overrides_of(run_config: Sequence[str]) -> dict:
         raise ConfigError(f"--run-config {' '.join(run_config)!r}: {message}") from None
 
 
+def pflower_keys() -> set[str]:
+    """The run-config keys that are pflower's (field names and their dashed aliases)."""
+    return set(Config.model_fields) | {f.alias for f in Config.model_fields.values()}
+
+
 def check_config(app: str | Path, run_config: Sequence[str]) -> Config:
     """The run config ``flwr run <app> --run-config ...`` would give the app's ServerApp,
     validated: a ``ConfigError`` names the key, the value and what is allowed, also for a key
@@ -142,7 +147,7 @@ def check_config(app: str | Path, run_config: Sequence[str]) -> Config:
                 f"{', '.join(map(repr, serves))} ([tool.pflower] algorithms in "
                 f"{Path(app) / 'pyproject.toml'})"
             )
-        pflowers = set(Config.model_fields) | {f.alias for f in Config.model_fields.values()}
+        pflowers = pflower_keys()
         merged = {k: v for k, v in merged.items() if k in pflowers}
     cfg = Config.from_run_config(merged)  # unknown keys named here
     undeclared = [k for k in overrides if k not in defaults]
@@ -432,18 +437,24 @@ def run(argv: Sequence[str] | None = None) -> int:
     return FAILED
 
 
+def _refused(err: ConfigError | FlowerDrift) -> int:
+    """``pflower check-config``'s one line for a refused config (exit 2) or a Flower it cannot
+    check with (exit 1)."""
+    if isinstance(err, ConfigError):
+        print(f"pflower check-config: {err}", file=sys.stderr)
+        return REFUSED
+    print(f"pflower check-config: cannot check: {err}", file=sys.stderr)
+    return FAILED
+
+
 def _check_keys_alone(app: str, run_config: Sequence[str]) -> int:
     """``pflower check-config`` where ``app`` has no ``pyproject.toml``: the run config's keys
     checked as pflower's alone (every key must be one), said so."""
     try:
         given = overrides_of(run_config)
         Config.from_run_config(given)
-    except ConfigError as err:
-        print(f"pflower check-config: {err}", file=sys.stderr)
-        return REFUSED
-    except FlowerDrift as err:
-        print(f"pflower check-config: cannot check: {err}", file=sys.stderr)
-        return FAILED
+    except (ConfigError, FlowerDrift) as err:
+        return _refused(err)
     said = ", ".join(f"{k}={v!r}" for k, v in given.items()) or "pflower's defaults"
     print(
         f"no {Path(app) / 'pyproject.toml'}: checked as pflower's keys alone (an app's own keys "
@@ -468,15 +479,11 @@ def check(argv: Sequence[str] | None = None) -> int:
         return _check_keys_alone(args.app, args.run_config)
     try:
         cfg = check_config(args.app, args.run_config)
-    except ConfigError as err:
-        print(f"pflower check-config: {err}", file=sys.stderr)
-        return REFUSED
-    except FlowerDrift as err:
-        print(f"pflower check-config: cannot check: {err}", file=sys.stderr)
-        return FAILED
+    except (ConfigError, FlowerDrift) as err:
+        return _refused(err)
     declared, serverapp = app_config(args.app)
     if serverapp not in (PFLOWER_SERVERAPP, None):  # which keys are pflower's, which the app's
-        pflowers = set(Config.model_fields) | {f.alias for f in Config.model_fields.values()}
+        pflowers = pflower_keys()
         own = sorted(k for k in {**declared, **overrides_of(args.run_config)} if k not in pflowers)
         mine = sorted(k for k in declared if k in pflowers)
         print(

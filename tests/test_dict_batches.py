@@ -5,12 +5,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from flwr.app import Context
+
+# the example's model and loaders, and the public strategies, as test_personal_client has them
+from test_personal_client import KEYS, PUBLIC, Net, load_data
 from torch.utils.data import DataLoader, Dataset
 
 import pflower.strategies as strategies
@@ -18,27 +18,13 @@ from pflower.personal_client import PersonalizedClient, personalized_client_app,
 from pflower.task.data.loaders import BatchLayoutError, PairBatches
 from pflower.testbed.local_grid import LocalGrid
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quickstart"
-sys.path.insert(0, str(EXAMPLE))
-from quickstart_app.task import Net, load_data  # noqa: E402
-
-PUBLIC = [
-    strategies.FedAvg,
-    strategies.Local,
-    strategies.FedAlt,
-    strategies.FedSim,
-    strategies.FFGG,
-    strategies.LocalFFGG,
-    strategies.BRFFGG,
-    strategies.PFLEGO,
-    strategies.APFL,
-    strategies.Scaffold,
-    strategies.L2GD,
+#: the public strategies of test_personal_client.py, but AsyncFFGG (its own round loop), and
+#: the papers' baselines
+PUBLIC = [cls for cls in PUBLIC if cls is not strategies.AsyncFFGG] + [
     strategies.Ditto,
     strategies.FedBABU,
     strategies.FedProx,
 ]
-KEYS = {"l2gd": {"fraction-train": 1.0}}
 
 
 class DictRows(Dataset):
