@@ -292,12 +292,13 @@ def one_run(
     except Exception as err:  # the run stopped: that is the result
         return {"error": f"{type(err).__name__}: {str(err)[:300]}"}
     dropped: dict[str, int] = {}
-    clipped = 0
+    clipped = shared = 0
     for entry in rep.rounds:
         for reason, n in entry.dropped.items():
             key = reason.split(" ")[0] + " " + reason.split(" ")[1] if " " in reason else reason
             dropped[key] = dropped.get(key, 0) + n
         clipped += int(entry.train.get("clipped", 0))
+        shared += int(entry.train.get("shared-votes", 0))
     final = rep.final
     # training rounds in which replies were applied, every one of them hostile, while honest
     # nodes had been asked (a taken round applies nothing)
@@ -316,6 +317,8 @@ def one_run(
         "global-accuracy": final.get("global-accuracy"),
         "dropped": dropped,
         "clipped": clipped,
+        # replies counted under a shared vote (copies of one vector), all rounds
+        "shared-votes": shared,
         "hostile-only-rounds": hostile_only,
         "taken-rounds": sorted(taken),
         "cpu-s": round(time.process_time() - started, 1),
@@ -502,8 +505,8 @@ def table(rows: list[dict]) -> str:
         "worst seed | seeds > 5 | final round: loss | honest clean | honest attacked | "
         "honest loss | honest loss per seed | hostile-only rounds (runs with any) | "
         "backdoor success, honest (clean → attacked) | target-class holders | "
-        "clipped (attacked / clean) | dropped | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "clipped (attacked / clean) | shared votes (attacked / clean) | dropped | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def group(row: dict) -> tuple:
@@ -537,6 +540,13 @@ def table(rows: list[dict]) -> str:
             f"{sum(r['attacked'].get('clipped', 0) for r in mine)} / "
             f"{sum(r['clean'].get('clipped', 0) for r in mine)}"
         )
+        # replies counted under a shared vote (copies); "?" where a file predates the count
+        shared = " / ".join(
+            str(sum(r[side]["shared-votes"] for r in mine))
+            if all("shared-votes" in r[side] for r in mine)
+            else "?"
+            for side in ("attacked", "clean")
+        )
         cells = [
             stat(pair(key, side)) if side else stat(loss(key))
             for key in ("personal-accuracy", "honest-accuracy")
@@ -560,7 +570,7 @@ def table(rows: list[dict]) -> str:
             cells.append(f"{_mean(clean):.2f} → {_mean(hit):.2f}")
         lines.append(
             f"| {attack} | {count} | {algorithm} | {len(mine)} | {' | '.join(cells)} | "
-            f"{clipped} | {dropped or '-'} | {errors} |"
+            f"{clipped} | {shared} | {dropped or '-'} | {errors} |"
         )
     return "\n".join(lines)
 

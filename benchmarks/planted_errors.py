@@ -73,6 +73,47 @@ class Plant:
 
 
 PLANTS = [
+    # --- shared votes: copies of one vector count as one reply (issue 60) ------------------
+    Plant(
+        "shared votes: every reply votes 1 (copies outvote the honest replies)",
+        S + "combine.py",
+        [("return 1.0 / (space.cosines() >= self.copies).sum(axis=1)", "return np.ones(n)")],
+        [DEFENCE],
+    ),
+    Plant(
+        "shared votes: a round with copies left to FFGG's geometric median",
+        S + "combine.py",
+        [(" < MIN_RULE_INPUTS or self.clip.last_shared:", " < MIN_RULE_INPUTS:")],
+        [DEFENCE],
+    ),
+    Plant(
+        "shared votes: the copies' weights not split in the mean",
+        S + "combine.py",
+        [("w_hat = w_hat * votes / float((w_hat * votes).sum())", "w_hat = w_hat")],
+        [DEFENCE],
+    ),
+    Plant(
+        "shared votes: the centre's geometric median unweighted by the votes",
+        S + "combine.py",
+        [
+            (
+                "gamma = space.geometric_median(gamma, weights=votes)",
+                "gamma = space.geometric_median(gamma)",
+            )
+        ],
+        [DEFENCE],
+    ),
+    Plant(
+        "shared votes: the radius the lower median of the replies, not of the votes",
+        S + "combine.py",
+        [
+            (
+                "tau = self.factor * lower_median_of(d, votes)\n        self.rho",
+                "tau = self.factor * lower_median_of(d)\n        self.rho",
+            )
+        ],
+        [DEFENCE],
+    ),
     # --- no lockout: a round whose replies show the model was taken (issue 60) -------------
     Plant(
         "lockout: a taken round is never judged (its attackers' replies applied)",
@@ -254,7 +295,7 @@ PLANTS = [
     Plant(
         "default defence: the fast path accepts replies up to 2 tau from the mean",
         S + "combine.py",
-        [("if (d <= tau * share).all():", "if (d <= 2 * tau * share).all():")],
+        [("and (d <= tau * share).all():", "and (d <= 2 * tau * share).all():")],
         [DEFENCE],
     ),
     Plant(
@@ -304,8 +345,10 @@ PLANTS = [
                 "        if step is None:",
             ),
         ],
-        [DEFENCE, B + "test_a_round_that_cannot_tolerate_f_falls_back_to_the_clip_not_a_weaker_"
-         "rule"],  # fmt: skip
+        [
+            DEFENCE,
+            B + "test_a_round_that_cannot_tolerate_f_falls_back_to_the_clip_not_a_weaker_rule",
+        ],  # fmt: skip
     ),
     Plant(
         "replies: a node's second reply in a round kept",
@@ -869,8 +912,7 @@ PLANTS = [
         "pflower/testbed/attacks.py",
         [
             (
-                'limit = pairwise.max() if objective == "min-max" else '
-                "pairwise.sum(dim=1).max()",
+                'limit = pairwise.max() if objective == "min-max" else pairwise.sum(dim=1).max()',
                 "limit = pairwise.max()",
             )
         ],

@@ -45,7 +45,10 @@ from pflower.flower import FlowerDrift
 from pflower.flower.cli import (
     FOREIGN_STATE,
     ErrorBox,
+    found_local_superlink,
+    home,
     own_home,
+    project_superlink,
     superlink_failure,
     with_own_bin,
 )
@@ -285,7 +288,47 @@ def _run_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--stream", action="store_true", help="accepted; the log is always streamed")
     p.add_argument("--no-check", action="store_true", help="skip the offline run-config check")
+    p.add_argument(
+        "--own-superlink",
+        action="store_true",
+        help="run on a local SuperLink of this project's own (a Flower home and two ports of "
+        "its own: FLWR_HOME, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT, FLWR_LOCAL_CONTROL_API_PORT), "
+        "not on the one another project may have started (docs/getting-started.md)",
+    )
     return p
+
+
+#: the SuperLink connection names ``pflower run`` takes for Flower's local SuperLink
+LOCAL_CONNECTIONS = (None, "local")
+
+
+def local_superlink_notice(args: argparse.Namespace) -> str | None:
+    """Which local SuperLink this run goes to, where one is running already (``flwr run``
+    connects to whatever listens on the local port: another project's, with another Flower
+    home, as readily as this one's), and how to have one's own; with ``--own-superlink``,
+    the environment it sets first (``os.environ``: ``flwr run`` and ``flwr ls`` below)."""
+    if args.superlink not in LOCAL_CONNECTIONS:
+        return None
+    lines = []
+    if args.own_superlink:
+        own = project_superlink(Path(args.app), os.environ)
+        os.environ.update(own)
+        exports = " ".join(f"{k}={v}" for k, v in own.items())
+        lines.append(
+            f"pflower run: a local SuperLink of this project's own ({exports}; export them "
+            "for flwr ls / flwr log on it)"
+        )
+    found = found_local_superlink(os.environ)
+    if found is not None:
+        line = f"pflower run: the local SuperLink on {found.describe()} takes this run"
+        if found.home and Path(found.home).resolve() != Path(home()).resolve():
+            line += (
+                f"; it is another Flower home's than this run's ({home()}): the run and its "
+                "state are that SuperLink's. For one of this project's own: pflower run "
+                "--own-superlink"
+            )
+        lines.append(line)
+    return "\n".join(lines) or None
 
 
 def flwr_command(args: argparse.Namespace) -> list[str]:
@@ -373,6 +416,9 @@ def run(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+    notice = local_superlink_notice(args)
+    if notice:
+        print(notice, flush=True)
     command = flwr_command(args)
     if command[-2:] == ["--federation-config", DEFAULT_FEDERATION_CONFIG]:
         print(

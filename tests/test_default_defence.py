@@ -19,12 +19,13 @@ from pflower.config import Config
 from pflower.server_app import run as run_on
 from pflower.strategies import FedAvg
 from pflower.strategies.aggregators import make_aggregator
-from pflower.strategies.combine import AdaptiveClipping
+from pflower.strategies.combine import AdaptiveClipping, lower_median_of
 from pflower.strategies.privacy import DPSettings
 from pflower.strategies.rounds import Round
 from pflower.testbed.local_grid import LocalGrid
 
 FACTOR = 1.0
+COPIES = 0.999  # robust-copy-cosine's default
 
 
 def geometric_median(X: np.ndarray) -> np.ndarray:
@@ -129,6 +130,123 @@ def test_a_byzantine_minority_moves_the_mean_by_at_most_its_share_of_the_radius(
         assert tau <= FACTOR * np.linalg.norm(honest - v, axis=1).max() * (1 + 1e-9)
         as_if_honest = np.vstack([applied[: n - f], np.repeat(v[None], f, 0)]).mean(0)
         assert np.linalg.norm(got - as_if_honest) <= f / n * tau * (1 + 1e-6)
+
+
+def reference_votes(X: np.ndarray, copies: float) -> np.ndarray:
+    """Each row's vote as the shared-vote rule states it: 1 / the rows (itself included)
+    whose cosine with it is at least ``copies``."""
+    unit = X / np.linalg.norm(X, axis=1, keepdims=True)
+    return 1.0 / (unit @ unit.T >= copies - 1e-15).sum(1)
+
+
+def reference_voted_clip(X: np.ndarray, votes: np.ndarray, w: np.ndarray, iterations: int = 3):
+    """The clipped mean with shared votes, written from its statement: the geometric median
+    and the centered-clipping steps weigh each row by its vote, the radius is the
+    vote-weighted lower median distance (the smallest d at which the votes of the rows up
+    to it reach half), and the mean weighs each clipped row by w_i x vote_i. Returns (the
+    mean, the centre, the radius)."""
+    share = np.minimum(1.0, np.sort(w)[math.ceil(len(X) / 2) - 1] / w)
+
+    def radius(v):
+        d = np.linalg.norm(X - v, axis=1)
+        order = np.argsort(d)
+        reached = np.cumsum(votes[order])
+        return d, d[order[np.nonzero(reached >= reached[-1] / 2 - 1e-12)[0][0]]]
+
+    v = X.mean(0)
+    for _ in range(20000):  # Weiszfeld's iterations, each row weighing its vote
+        inv = votes / np.maximum(np.linalg.norm(X - v, axis=1), 1e-15)
+        new = inv @ X / inv.sum()
+        if np.linalg.norm(new - v) <= 1e-14 * (1 + np.linalg.norm(v)):
+            break
+        v = new
+    for _ in range(iterations):
+        d, tau = radius(v)
+        c = np.minimum(1.0, tau / d) * votes
+        v = v + c @ (X - v) / votes.sum()
+    d, tau = radius(v)
+    c = np.minimum(1.0, tau * share / d)
+    applied = v + c[:, None] * (X - v)
+    weight = w * votes
+    return weight @ applied / weight.sum(), v, tau
+
+
+def test_replies_that_send_one_vector_share_one_vote_as_stated():
+    """k copies of one vector (each scaled at will) among distinct honest rows: each copy
+    votes 1 / k, and the clipped mean is the stated rule's (checked against the NumPy
+    statement above)."""
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        n = int(rng.integers(4, 12))
+        k = int(rng.integers(2, n - 1))  # a majority of copies too
+        honest = rng.normal(rng.normal(0, 1, 10), rng.uniform(0.3, 2.0), (n - k, 10))
+        bad = rng.normal(0, 1, 10) * 10.0 ** rng.uniform(-1, 3)
+        scale = np.r_[np.ones(n - k), rng.uniform(0.5, 2.0, k)][:, None]
+        X = (np.vstack([honest, np.repeat(bad[None], k, 0)]) * scale)[rng.permutation(n)]
+        w = rng.integers(20, 200, n).astype(float)
+        votes = reference_votes(X, COPIES)
+        assert np.isclose(votes, 1.0 / k).sum() == k
+        rule = AdaptiveClipping(FACTOR, copies=COPIES)
+        got, _ = mean_of_clipped(rule, X, w)
+        expected, v, tau = reference_voted_clip(X, votes, w)
+        # the strategy stops Weiszfeld's iterations at 200 (copies slow them down)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * tau)
+        assert rule.last_shared == int((votes < 1).sum())
+
+
+def test_copies_of_one_vector_pull_as_one_reply_however_many_they_are():
+    """The guarantee: k >= 2 replies of one vector (any size, any direction, even a
+    majority of the round) against h >= 2 honest rows move the mean by at most tau / (h + 1)
+    from where the honest rows alone (clipped) and the copies at the centre put it; without
+    shared votes a majority of copies is the round's update."""
+    rng = np.random.default_rng(8)
+    for trial in range(200):
+        h = int(rng.integers(2, 7))
+        k = int(rng.integers(2, 8))
+        honest = rng.normal(0, 1, (h, 8)) * rng.uniform(0.01, 3.0)
+        direction = -honest.mean(0) if trial % 2 else rng.normal(0, 1, 8)
+        bad = direction / np.linalg.norm(direction) * 10.0 ** rng.uniform(-1, 6)
+        X = np.vstack([honest, np.repeat(bad[None], k, 0)])
+        votes = reference_votes(X, COPIES)
+        if (votes[:h] < 1).any():  # two honest rows alike: another case, the test above's
+            continue
+        got, _ = mean_of_clipped(AdaptiveClipping(FACTOR, copies=COPIES), X)
+        _, v, tau = reference_voted_clip(X, votes, np.ones(h + k))
+        d = np.linalg.norm(honest - v, axis=1)
+        clipped = v + np.minimum(1.0, tau / d)[:, None] * (honest - v)
+        as_if_honest = (clipped.sum(0) + v) / (h + 1)
+        assert np.linalg.norm(got - as_if_honest) <= tau / (h + 1) * (1 + 1e-6)
+        if k > h and np.linalg.norm(bad) > 100 * np.linalg.norm(honest, axis=1).max():
+            taken, _ = mean_of_clipped(AdaptiveClipping(FACTOR), X)
+            assert np.linalg.norm(taken - bad) < np.linalg.norm(got - bad)
+
+
+def test_honest_heterogeneous_or_agreeing_rounds_share_no_vote():
+    """Distinct honest replies, spread out or all pointing nearly one way (clients that
+    agree: a spread of 10 % of the mean), vote one each: the round is combined as without
+    shared votes, bit for bit. (Replies within about 4.5 % of one another in direction,
+    cosine >= 0.999, would be counted as copies.)"""
+    rng = np.random.default_rng(9)
+    for spread in (0.1, 0.5, 3.0):
+        for n in (3, 5, 10):
+            X = rng.normal(1.0, spread, (n, 12))
+            a, b = AdaptiveClipping(FACTOR, copies=COPIES), AdaptiveClipping(FACTOR)
+            got, clipped = mean_of_clipped(a, X)
+            plain, plain_clipped = mean_of_clipped(b, X)
+            assert a.last_shared == 0
+            assert got.tolist() == plain.tolist() and clipped == plain_clipped
+
+
+def test_the_vote_weighted_lower_median_is_the_lower_median_under_equal_votes():
+    rng = np.random.default_rng(10)
+    for n in range(1, 12):
+        d = rng.uniform(0, 1, n)
+        assert (
+            lower_median_of(d, np.ones(n)) == lower_median_of(d) == np.sort(d)[math.ceil(n / 2) - 1]
+        )
+    # votes 1/3, 1/3, 1/3, 1, 1: half of 3 is reached at the fourth-smallest distance
+    votes = np.array([1, 1 / 3, 1 / 3, 1 / 3, 1])
+    assert lower_median_of(np.array([5.0, 1.0, 2.0, 3.0, 4.0]), votes) == 4.0
 
 
 def test_a_claim_buys_no_more_pull_than_the_lower_median_claim():
@@ -345,6 +463,32 @@ def combined(strategy, vectors, weights):
     return strategy.pipeline.combine(rnd, vectors, weights), rnd
 
 
+def test_ffgg_gives_rounds_with_copies_to_the_clip():
+    """Copies of one vector are many inputs to a median (a majority of them is its answer;
+    two of five inside the honest spread, as Min-Max and ALIE send them, pull it their way)
+    and one reply to the clip: FFGG's default defence combines such a round with the clip's
+    shared votes (checked against ``reference_voted_clip``), counts them (``shared``), and
+    leaves rounds without copies to the geometric median."""
+    from pflower.strategies.ffgg import FFGG
+
+    rng = np.random.default_rng(11)
+    for k in (2, 3):
+        ffgg = FFGG()
+        honest = rng.normal(0.5, 1.0, (5 - k, 20))
+        bad = honest.mean(0) - 1.5 * honest.std(0)
+        rows = np.vstack([honest, np.repeat(bad[None], k, 0)])
+        got, rnd = combined(ffgg, [u.tensors for u in _updates(rows)], [1.0] * 5)
+        votes = reference_votes(rows.astype(np.float32).astype(float), COPIES)
+        expected, _, tau = reference_voted_clip(rows, votes, np.ones(5))
+        np.testing.assert_allclose(got["w"], expected, rtol=1e-4, atol=1e-4 * tau)
+        assert rnd.shared["gradient"] == k
+        assert not np.allclose(got["w"], geometric_median(rows), rtol=1e-3, atol=1e-3)
+    rows = rng.normal(0.5, 1.0, (5, 20))
+    got, rnd = combined(FFGG(), [u.tensors for u in _updates(rows)], [1.0] * 5)
+    np.testing.assert_allclose(got["w"], geometric_median(rows), rtol=1e-4, atol=1e-5)
+    assert not rnd.shared
+
+
 def test_ffgg_clips_the_rounds_its_rule_is_too_small_for():
     """FFGG's default defence: the geometric median of 5 or more replies; in rounds of 1 to 4
     adaptive clipping's bound (3-4 replies: their spread; with 4 replies a round one
@@ -371,6 +515,9 @@ def test_ffgg_clips_the_rounds_its_rule_is_too_small_for():
     # the plain mean, -0.78 for the geometric median of the replies)
     ten = np.vstack([honest, honest[::-1] * 0.5 + 0.1])
     ten[7] = [-1e4, -1e4]
+    # in a third dimension: ten directions in a plane have near-copies (cosine >= 0.999),
+    # which the clip takes from the rule (``test_ffgg_gives_rounds_with_copies_to_the_clip``)
+    ten = np.c_[ten, [0.3, -0.2, 0.5, -0.4, 0.1, 0.6, -0.3, 0.0, 0.2, -0.5]]
     got, rnd = combined(ffgg, [u.tensors for u in _updates(ten)], [1.0] * 10)
     got = got["w"]
     assert rnd.clipped.get("gradient", 0) == 0 and np.linalg.norm(got) < 2.0

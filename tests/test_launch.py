@@ -443,3 +443,95 @@ def test_experiment_help_shows_the_file_format():
     text = parser().format_help()
     assert "[experiment]" in text and "[[run]]" in text and "docs/experiments.md" in text
     assert all(key in text for key in EXPERIMENT_KEYS)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not shutil.which("flower-superlink", path=str(Path(PFLOWER).parent)),
+                    reason="no flower-superlink")  # fmt: skip
+def test_pflower_run_names_the_local_superlink_it_found_and_whose_home_it_is(
+    tmp_path, monkeypatch
+):
+    """Issue 62, item 4: ``flwr run`` hands a run to whatever listens on the local
+    SuperLink's port, another project's (another Flower home) as readily as this one's.
+    ``pflower run`` names the one it found (pid, home, directory) and, where its home is not
+    this run's, says so and how to have one's own. A real ``flower-superlink`` on free
+    ports, as Flower starts it."""
+    import argparse
+    import time
+
+    from pflower.flower.cli import found_local_superlink
+
+    http, control = _free_port(), _free_port()
+    other = tmp_path / "other-home"
+    (other / "local-superlink").mkdir(parents=True)
+    database = other / "local-superlink" / "state.db"
+    command = [str(Path(PFLOWER).parent / "flower-superlink"), "--insecure", "--simulation",
+               "--control-api-address", f"127.0.0.1:{control}", "--host", "127.0.0.1",
+               "--port", str(http), "--database", str(database)]  # fmt: skip
+    env = {
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(control),
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "this-home"))
+    args = argparse.Namespace(superlink=None, own_superlink=False, app=str(ROOT))
+    assert launch.local_superlink_notice(args) is None  # nothing listens: Flower starts one
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while found_local_superlink(os.environ) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        found = found_local_superlink(os.environ)
+        assert found is not None and found.pid == proc.pid
+        assert found.home == str(other) and found.cwd == str(tmp_path)
+        notice = launch.local_superlink_notice(args)
+        assert f"127.0.0.1:{http} (pid {proc.pid}, FLWR_HOME={other}" in notice
+        assert "another Flower home's than this run's" in notice and "--own-superlink" in notice
+        monkeypatch.setenv("FLWR_HOME", str(other))  # its own home: named, nothing to warn of
+        notice = launch.local_superlink_notice(args)
+        assert f"pid {proc.pid}" in notice and "another Flower home" not in notice
+        # a SuperLink connection the user named is not the local one: nothing to say
+        remote = argparse.Namespace(**{**vars(args), "superlink": "remote"})
+        assert launch.local_superlink_notice(remote) is None
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_own_superlink_gives_each_project_a_home_and_ports_of_its_own(tmp_path, monkeypatch):
+    """``pflower run --own-superlink``: a Flower home outside the project and two ports drawn
+    from the project's path, the same on every run (so ``flwr ls`` and the next run find the
+    SuperLink again), different for another project; what the user set is kept; the
+    environment is set for ``flwr run`` and said."""
+    import argparse
+
+    from pflower.flower.cli import project_superlink
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    a, b = project_superlink(one, {}), project_superlink(two, {})
+    assert a == project_superlink(one, {}) and a != b
+    for own in (a, b):
+        http = int(own["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"])
+        control = int(own["FLWR_LOCAL_CONTROL_API_PORT"])
+        assert 40000 <= http < 42000 and control == http + 1
+        assert not Path(own["FLWR_HOME"]).is_relative_to(tmp_path)  # not in the app bundle
+    assert a["FLWR_HOME"] != b["FLWR_HOME"]
+    assert project_superlink(one, {"FLWR_HOME": "/mine"})["FLWR_HOME"] == "/mine"
+    for k in a:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(launch, "found_local_superlink", lambda environ: None)
+    args = argparse.Namespace(superlink=None, own_superlink=True, app=str(one))
+    notice = launch.local_superlink_notice(args)
+    assert {k: os.environ[k] for k in a} == a
+    assert all(f"{k}={v}" in notice for k, v in a.items())

@@ -12,10 +12,13 @@ lets ``flwr run`` (and the ServerApp's own validation at start) refuse a bad key
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from pflower.flower import FlowerDrift
@@ -147,7 +150,7 @@ def superlink_failure(line: str) -> str | None:
     out = f"the local SuperLink said: {said}"
     if any(UNKNOWN_REVISION in x for x in lines):
         out += (
-            f"\nIts database in {_home()} {FOREIGN_STATE} than this one (flwr {_version()}). "
+            f"\nIts database in {home()} {FOREIGN_STATE} than this one (flwr {_version()}). "
             f"Run with a Flower home of its own, e.g. FLWR_HOME={own_home()} pflower run ..., "
             "or remove that database."
         )
@@ -158,14 +161,15 @@ def superlink_failure(line: str) -> str | None:
 FOREIGN_STATE = "was written by another Flower version"
 
 
-def _home() -> str:
+def home() -> str:
+    """The Flower home ``flwr`` uses in this environment (``FLWR_HOME``, or ``~/.flwr``)."""
     return os.environ.get("FLWR_HOME") or str(Path.home() / ".flwr")
 
 
 def own_home() -> str:
     """A Flower home for this Flower version alone: the current one's path with the
     version appended (``~/.flwr-1.41.0``)."""
-    return f"{_home()}-{_version()}"
+    return f"{home()}-{_version()}"
 
 
 #: how long ``probe_superlink`` waits for a SuperLink to fail (one that fails at its
@@ -212,3 +216,89 @@ def _version() -> str:
         return flower_version()
     except Exception:  # noqa: BLE001 - a version only makes the hint more precise
         return "this"
+
+
+#: Flower's local SuperLink (``flwr.cli.constant``, Flower >= 1.40): the environment
+#: variables that move its two ports, and their defaults (Flower 1.40-1.42's)
+LOCAL_PORTS = {
+    "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": "39091",
+    "FLWR_LOCAL_CONTROL_API_PORT": "39093",
+}
+
+
+def local_ports(environ: Mapping[str, str]) -> dict[str, int]:
+    """The local SuperLink's ports as ``flwr run`` resolves them under ``environ``."""
+    return {name: int(environ.get(name) or default) for name, default in LOCAL_PORTS.items()}
+
+
+@dataclass
+class LocalSuperLink:
+    """A local SuperLink found listening where ``flwr run`` would connect: its process (where
+    the machine shows it), its Flower home (``--database <home>/local-superlink/state.db``)
+    and the directory it was started in."""
+
+    port: int
+    pid: int | None = None
+    home: str | None = None
+    cwd: str | None = None
+
+    def describe(self) -> str:
+        where = [f"pid {self.pid}"] if self.pid else []
+        where += [f"FLWR_HOME={self.home}"] if self.home else []
+        where += [f"started in {self.cwd}"] if self.cwd else []
+        return f"127.0.0.1:{self.port}" + (f" ({', '.join(where)})" if where else "")
+
+
+def found_local_superlink(
+    environ: Mapping[str, str], timeout: float = 0.5
+) -> LocalSuperLink | None:
+    """The SuperLink listening on the local SuperLink's port under ``environ``, or None where
+    nothing listens there (``flwr run`` then starts one). Its process is read from /proc
+    where there is one (Linux): ``flower-superlink ... --port <port>``."""
+    import socket
+
+    port = local_ports(environ)["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout):
+            pass
+    except OSError:
+        return None
+    found = LocalSuperLink(port)
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            raw = (proc / "cmdline").read_bytes().split(b"\0")
+            argv = [a.decode(errors="replace") for a in raw]
+        except OSError:
+            continue
+        if not any(a.endswith("flower-superlink") for a in argv[:2]):
+            continue
+        options = dict(zip(argv, argv[1:]))
+        if options.get("--port") != str(port):
+            continue
+        found.pid = int(proc.name)
+        database = options.get("--database")
+        if database and Path(database).parent.name == "local-superlink":
+            found.home = str(Path(database).parent.parent)
+        with contextlib.suppress(OSError):
+            found.cwd = os.readlink(proc / "cwd")
+        break
+    return found
+
+
+def project_superlink(project: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a local SuperLink of ``project``'s own: its Flower home
+    (``~/.flwr-projects/<name>-<hash>``, outside the project, whose files Flower builds into
+    the app bundle) and two ports drawn from the project's path (40000-41998, stable across
+    runs, so that the next run, ``flwr ls`` and ``flwr log`` find the same SuperLink); what
+    ``environ`` sets already is kept."""
+    import zlib
+
+    path = str(project.resolve())
+    tag = zlib.crc32(path.encode())
+    base = 40000 + 2 * (tag % 1000)
+    own = {
+        "FLWR_HOME": str(Path.home() / ".flwr-projects" / f"{project.resolve().name}-{tag:08x}"),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(base),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(base + 1),
+    }
+    return {k: environ.get(k) or v for k, v in own.items()}

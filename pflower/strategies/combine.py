@@ -68,7 +68,10 @@ def adaptive_clipping(cfg: RunSettings) -> AdaptiveClipping | None:
     if not (wanted or cfg.robust_small_rounds == "clip") or cfg.dp != "none":
         return None
     return AdaptiveClipping(
-        cfg.robust_clip_factor, cfg.robust_clip_iterations, cfg.update_norm_growth
+        cfg.robust_clip_factor,
+        cfg.robust_clip_iterations,
+        cfg.update_norm_growth,
+        cfg.robust_copy_cosine,
     )
 
 
@@ -232,8 +235,19 @@ class AdaptiveClipping:
     """
 
     name = "adaptive-clipping"
+    #: a checkpoint written before shared votes existed restores an object without them
+    copies = 0.0
+    last_shared = 0
 
-    def __init__(self, factor: float = 1.0, iterations: int = 3, growth: float = 2.0) -> None:
+    def __init__(
+        self,
+        factor: float = 1.0,
+        iterations: int = 3,
+        growth: float = 2.0,
+        copies: float = 0.0,
+    ) -> None:
+        if not 0 <= copies <= 1:
+            raise ValueError(f"adaptive clipping: copies = {copies}: must be in [0, 1]")
         if not factor >= 1:
             raise ValueError(f"adaptive clipping: factor = {factor}: must be >= 1")
         if iterations < 1:
@@ -241,6 +255,8 @@ class AdaptiveClipping:
         if not growth >= 1:
             raise ValueError(f"adaptive clipping: growth = {growth}: must be >= 1")
         self.factor, self.iterations, self.growth = factor, iterations, growth
+        self.copies = copies
+        self.last_shared = 0  # the replies of the last round that shared a vote
         self.rho: dict[str, float] = {}  # per kind: the last multi-reply round's ||v|| + tau
         #: per kind, before rho: the nodes' recent norms (rounds of 1 or 2 replies)
         self.recent: dict[str, RecentNormClip] = {}
@@ -273,22 +289,44 @@ class AdaptiveClipping:
             c = np.minimum(1.0, limits / np.maximum(norms, 1e-300))
             return (w_hat * c, int((c < 1).sum())) if (c < 1).any() else (None, 0)
         gamma = np.full(n, 1.0 / n)
+        votes = self.votes(space)
+        self.last_shared = int((votes < 1).sum())
         d = space.distances(gamma)
-        tau = self.factor * lower_median_of(d)
-        if (d <= tau * share).all():
+        tau = self.factor * lower_median_of(d, votes)
+        if not self.last_shared and (d <= tau * share).all():
             self.rho[kind] = space.norm(gamma) + tau
             return None, 0
-        gamma = space.geometric_median(gamma)
+        gamma = space.geometric_median(gamma, weights=votes)
+        total = votes.sum()
         for _ in range(self.iterations):
             d = space.distances(gamma)
-            c = np.minimum(1.0, self.factor * lower_median_of(d) / np.maximum(d, 1e-300))
-            gamma = gamma * (1.0 - c.sum() / n) + c / n
+            c = np.minimum(1.0, self.factor * lower_median_of(d, votes) / np.maximum(d, 1e-300))
+            c = c * votes
+            gamma = gamma * (1.0 - c.sum() / total) + c / total
         d = space.distances(gamma)
-        tau = self.factor * lower_median_of(d)
+        tau = self.factor * lower_median_of(d, votes)
         self.rho[kind] = space.norm(gamma) + tau
         c = np.minimum(1.0, tau * share / np.maximum(d, 1e-300))
+        if self.last_shared:  # the algorithm's weights, a vote's replies splitting one's
+            w_hat = w_hat * votes / float((w_hat * votes).sum())
         # sum_i w^_i (v + c_i (x_i - v)) with v = sum_j gamma_j x_j
         return w_hat * c + float((w_hat * (1.0 - c)).sum()) * gamma, int((c < 1).sum())
+
+    def votes(self, space: Span) -> np.ndarray:
+        """Each reply's vote: 1 / the number of replies (itself included) that are copies
+        of it in direction (cosine >= ``copies``; all ones where ``copies`` is 0). Replies
+        that send one vector, or one vector scaled, count as one reply between them: the
+        literature's colluding attacks (IPM, ALIE, Min-Max, Min-Sum) send one vector from
+        every attacker, which is what lets them outvote the honest replies of a round (a
+        majority of copies is the round's centre, radius 0) and push by f tau / N. Honest
+        clients' updates differ by their data and their SGD noise; two that point within
+        ``copies`` of one another are near-duplicates, counted once (FoolsGold's signal,
+        Fung, Yoon & Beschastnikh, RAID 2020, per round). An attacker that decorrelates its
+        copies escapes this at a small cost to its pull: then the per-reply bound holds."""
+        n = len(space.Y)
+        if not self.copies or n < MIN_SPREAD_REPLIES:
+            return np.ones(n)
+        return 1.0 / (space.cosines() >= self.copies).sum(axis=1)
 
     def _small_round_limits(
         self,
@@ -364,10 +402,18 @@ def linear_update(
     return out
 
 
-def lower_median_of(values: np.ndarray) -> float:
-    """The ceil(N/2)-th smallest value (``bound.lower_median``, for an array)."""
-    ordered = np.sort(np.asarray(values, dtype=np.float64))
-    return float(ordered[(len(ordered) + 1) // 2 - 1])
+def lower_median_of(values: np.ndarray, weights: np.ndarray | None = None) -> float:
+    """The ceil(N/2)-th smallest value (``bound.lower_median``, for an array); with
+    ``weights``, the smallest value at which the weights of the values up to it reach half
+    of their total (the same value where all weights are equal)."""
+    values = np.asarray(values, dtype=np.float64)
+    if weights is None:
+        ordered = np.sort(values)
+        return float(ordered[(len(ordered) + 1) // 2 - 1])
+    order = np.argsort(values, kind="stable")
+    reached = np.cumsum(np.asarray(weights, dtype=np.float64)[order])
+    k = int(np.searchsorted(reached, reached[-1] / 2 * (1 - 1e-12)))
+    return float(values[order[k]])
 
 
 # --- the modes ------------------------------------------------------------------------------
@@ -487,7 +533,8 @@ class Combine:
 def clip_counts(rnd) -> dict[str, float]:
     """``clipped`` (the replies' updates a clip shortened) and ``clipped-<record>``."""
     others = {f"clipped-{k}": n for k, n in sorted(rnd.clipped.items()) if k != rnd.kind}
-    return {"clipped": rnd.clipped.get(rnd.kind, 0), **others}
+    shared = {"shared-votes": rnd.shared[rnd.kind]} if rnd.shared.get(rnd.kind) else {}
+    return {"clipped": rnd.clipped.get(rnd.kind, 0), **others, **shared}
 
 
 def mean(vectors, weights, center=None) -> dict[str, np.ndarray]:
@@ -521,9 +568,12 @@ def clip_step(clip: AdaptiveClipping, rnd, vectors, weights, center, kind) -> tu
     """``clip``'s coefficients for the round's vectors (its state moves with every round it
     sees), and what ``clipped_mean`` needs to apply them."""
     kind = kind or rnd.kind
+    clip.last_shared = 0
     beta, clipped = clip.coefficients(
         kind, vectors, weights, center, rnd.nodes or None, rnd.population
     )
+    if clip.last_shared:
+        rnd.shared[kind] = clip.last_shared
     return kind, beta, clipped, vectors, weights, center
 
 
@@ -540,7 +590,9 @@ def clipped_mean(rnd, step: tuple) -> dict[str, np.ndarray]:
 class RobustRule(Combine):
     """A robust rule over the updates, unweighted, with f = ``byzantine``; ``clip`` (the
     small-round clip of ``robust-small-rounds = "clip"``, or None) takes the rounds whose rule
-    would combine fewer than ``MIN_RULE_INPUTS`` values, and keeps its state in every round.
+    would combine fewer than ``MIN_RULE_INPUTS`` values and those in which replies are copies
+    of one vector (``AdaptiveClipping.votes``: the clip counts them as one reply, a rule as
+    many), and keeps its state in every round.
 
     **f means Byzantine, not absent.** The rule tolerates f Byzantine replies among those the
     round kept, whatever else it lost: a node that failed, fell silent or had its reply
@@ -607,7 +659,10 @@ class RobustRule(Combine):
             # a median of 1 or 2 is their mean, which one reply moves by its whole share, and
             # with 4 replies a round the clip held where the geometric median did not
             step = clip_step(self.clip, rnd, vectors, weights, center, kind)
-            if self.rule.inputs(len(vectors)) < MIN_RULE_INPUTS:
+            # and the rounds with copies of one vector: a median counts each copy as an
+            # input (a majority of copies is its answer, a minority of them pulls it), the
+            # clip counts them as one reply
+            if self.rule.inputs(len(vectors)) < MIN_RULE_INPUTS or self.clip.last_shared:
                 return clipped_mean(rnd, step)
         if not self.rule.problem(len(vectors), self.byzantine):
             return robust_combine(self.rule, vectors, self.byzantine, center)

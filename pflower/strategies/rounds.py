@@ -96,6 +96,8 @@ class Round:
     claims_capped: int = 0
     #: replies the default defence clipped, by kind of update
     clipped: dict[str, int] = field(default_factory=dict)
+    #: replies the default defence counted under a shared vote, by kind of update
+    shared: dict[str, int] = field(default_factory=dict)
     #: times a robust rule could not take the round with its f and the clip did
     fell_back: int = 0
     #: combined updates the step bound scaled down (``combine.StepBound``)
