@@ -210,6 +210,13 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--out", default="/tmp/pflower-scale")
     parser.add_argument(
+        "--jsonl",
+        type=Path,
+        default=None,
+        help="append each run's JSON line to this file (stdout also carries the runs' own "
+        "console tables: redirecting it gave a file of mixed lines)",
+    )
+    parser.add_argument(
         "--set",
         nargs="*",
         default=[],
@@ -228,6 +235,9 @@ def main(argv=None) -> None:
             for algorithm in args.algorithm:
                 result = run_one(algorithm, clients, engine, args.rounds, args.out, extra)
                 print(json.dumps(result), flush=True)
+                if args.jsonl is not None:
+                    with args.jsonl.open("a") as fh:
+                        fh.write(json.dumps(result) + "\n")
 
 
 if __name__ == "__main__":
