@@ -52,8 +52,8 @@ def main() -> None:
     logging.disable(logging.CRITICAL)
     rows = [
         "| algorithm | personalized (%) | local part alone (%) | global (%) | α mean [min, max] "
-        "| rounds | seconds (wall) | CPU s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| rounds | seconds (wall) | CPU s | ε spent | rounds run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for algorithm in args.algorithms:
         config = {
@@ -69,7 +69,7 @@ def main() -> None:
             with contextlib.redirect_stdout(io.StringIO()):  # each run's own summary table
                 report = run_local(config, args.nodes)
         except Exception as err:  # noqa: BLE001 - a table row says what happened
-            rows.append(f"| {algorithm} | error: {err} | | | | | | |")
+            rows.append(f"| {algorithm} | error: {err} | | | | | | | | |")
             print(rows[-1], flush=True)
             continue
         final = report.final
@@ -84,9 +84,13 @@ def main() -> None:
         rounds = f"{report.cfg.pretrain_rounds} + {report.cfg.num_server_rounds}"
         if algorithm in NEEDS:
             rounds += " (" + ", ".join(f"{k}={v}" for k, v in NEEDS[algorithm].items()) + ")"
+        # under DP, the ε the run spent (its last training round's accounting)
+        spent = [r.train for r in report.rounds if "dp-epsilon" in r.train]
+        eps = f"{spent[-1]['dp-epsilon']:.3g}" if spent else "–"
         rows.append(
             f"| {algorithm} | {pers:.2f} | {part:.2f} | {glob:.2f} | {alpha} | {rounds} | "
-            f"{time.perf_counter() - wall:.1f} | {time.process_time() - cpu:.1f} |"
+            f"{time.perf_counter() - wall:.1f} | {time.process_time() - cpu:.1f} | {eps} | "
+            f"{len(report.rounds)} |"
         )
         print(rows[-1], flush=True)
     said = f"the default run with {', '.join(args.set)}" if args.set else "the default run"
