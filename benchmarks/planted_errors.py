@@ -73,6 +73,13 @@ class Plant:
 
 
 PLANTS = [
+    # --- figures from files (issue 63) ------------------------------------------------------
+    Plant(
+        "figures: a README figure changed in the prose alone (not its results file's)",
+        "README.md",
+        [("`pflower run .` gave 96.90 / 33.43", "`pflower run .` gave 96.80 / 33.43")],
+        [f"{T}test_figures.py"],
+    ),
     # --- shared votes: copies of one vector count as one reply (issue 60) ------------------
     Plant(
         "shared votes: every reply votes 1 (copies outvote the honest replies)",
@@ -1755,12 +1762,18 @@ PLANTS = [
 
 
 def copy_tree(dst: Path) -> None:
-    for part in ("pflower", "tests", "pyproject.toml"):
-        src = ROOT / part
-        if src.is_dir():
-            shutil.copytree(src, dst / part, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, dst / part)
+    """Every file git tracks (the docs, the examples and the results files too: tests read
+    them, and a test that cannot find its page fails whatever was planted, which counted as a
+    catch while only the package, the tests and pyproject.toml were copied)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        src = ROOT / name
+        if not src.is_file():  # deleted in the working tree
+            continue
+        (dst / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst / name)
 
 
 def run_plant(plant: Plant, work: Path, pytest_args: list[str]) -> dict:
