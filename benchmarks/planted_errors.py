@@ -84,7 +84,7 @@ PLANTS = [
     Plant(
         "shared votes: every reply votes 1 (copies outvote the honest replies)",
         S + "combine.py",
-        [("return 1.0 / (space.cosines() >= self.copies).sum(axis=1)", "return np.ones(n)")],
+        [("votes = np.array([1.0 / digests.count(d) for d in digests])", "votes = np.ones(n)")],
         [DEFENCE],
     ),
     Plant(

@@ -627,15 +627,13 @@ class RunSettings(Settings):
             "PFLEGO (its server's Adam step is scale-free), 1 otherwise"
         ),
     )
-    robust_copy_cosine: float = Field(
-        0.999,
-        alias="robust-copy-cosine",
-        ge=0,
-        le=1,
+    robust_copy_votes: bool = Field(
+        True,
+        alias="robust-copy-votes",
         description=(
-            "the default defence's shared votes: replies whose cosine with one another is at "
-            "least this count as one reply between them (their weights split one reply's), "
-            "so that clients sending one vector cannot outvote the honest ones; 0: off"
+            "the default defence's shared votes: replies that are the same vector, bit for "
+            "bit, count as one reply between them (their weights split one reply's), so that "
+            "clients sending one vector cannot outvote the honest ones; false: off"
         ),
     )
     robust_step_bound: float = Field(

@@ -25,7 +25,7 @@ from pflower.strategies.rounds import Round
 from pflower.testbed.local_grid import LocalGrid
 
 FACTOR = 1.0
-COPIES = 0.999  # robust-copy-cosine's default
+COPIES = True  # robust-copy-votes' default
 
 
 def geometric_median(X: np.ndarray) -> np.ndarray:
@@ -132,11 +132,12 @@ def test_a_byzantine_minority_moves_the_mean_by_at_most_its_share_of_the_radius(
         assert np.linalg.norm(got - as_if_honest) <= f / n * tau * (1 + 1e-6)
 
 
-def reference_votes(X: np.ndarray, copies: float) -> np.ndarray:
+def reference_votes(X: np.ndarray, copies: bool = True) -> np.ndarray:
     """Each row's vote as the shared-vote rule states it: 1 / the rows (itself included)
-    whose cosine with it is at least ``copies``."""
-    unit = X / np.linalg.norm(X, axis=1, keepdims=True)
-    return 1.0 / (unit @ unit.T >= copies - 1e-15).sum(1)
+    that are the same vector; all ones where every row is the same."""
+    same = np.array([[np.array_equal(a, b) for b in X] for a in X])
+    votes = 1.0 / same.sum(1)
+    return np.ones(len(X)) if not copies or (votes == votes[0]).all() else votes
 
 
 def reference_voted_clip(X: np.ndarray, votes: np.ndarray, w: np.ndarray, iterations: int = 3):
@@ -172,17 +173,15 @@ def reference_voted_clip(X: np.ndarray, votes: np.ndarray, w: np.ndarray, iterat
 
 
 def test_replies_that_send_one_vector_share_one_vote_as_stated():
-    """k copies of one vector (each scaled at will) among distinct honest rows: each copy
-    votes 1 / k, and the clipped mean is the stated rule's (checked against the NumPy
-    statement above)."""
+    """k copies of one vector among distinct honest rows: each copy votes 1 / k, and the
+    clipped mean is the stated rule's (checked against the NumPy statement above)."""
     rng = np.random.default_rng(7)
     for _ in range(60):
         n = int(rng.integers(4, 12))
         k = int(rng.integers(2, n - 1))  # a majority of copies too
         honest = rng.normal(rng.normal(0, 1, 10), rng.uniform(0.3, 2.0), (n - k, 10))
         bad = rng.normal(0, 1, 10) * 10.0 ** rng.uniform(-1, 3)
-        scale = np.r_[np.ones(n - k), rng.uniform(0.5, 2.0, k)][:, None]
-        X = (np.vstack([honest, np.repeat(bad[None], k, 0)]) * scale)[rng.permutation(n)]
+        X = np.vstack([honest, np.repeat(bad[None], k, 0)])[rng.permutation(n)]
         w = rng.integers(20, 200, n).astype(float)
         votes = reference_votes(X, COPIES)
         assert np.isclose(votes, 1.0 / k).sum() == k
@@ -223,10 +222,18 @@ def test_copies_of_one_vector_pull_as_one_reply_however_many_they_are():
 
 def test_honest_heterogeneous_or_agreeing_rounds_share_no_vote():
     """Distinct honest replies, spread out or all pointing nearly one way (clients that
-    agree: a spread of 10 % of the mean), vote one each: the round is combined as without
-    shared votes, bit for bit. (Replies within about 4.5 % of one another in direction,
-    cosine >= 0.999, would be counted as copies.)"""
+    agree: a spread of 10 % of the mean), or all on one line at different sizes (every
+    update of a model with one shared parameter), vote one each: the round is combined as
+    without shared votes, bit for bit. (Replies
+    would be counted as copies only if they were the same vector, bit for bit.)"""
     rng = np.random.default_rng(9)
+    for sizes in ([0.1, 0.2, 0.3, -0.5, 1.0], [1.0, 1.1, 1.25, 1.4]):
+        X = np.outer(sizes, np.ones(4))
+        a, b = AdaptiveClipping(FACTOR, copies=COPIES), AdaptiveClipping(FACTOR)
+        got, clipped = mean_of_clipped(a, X)
+        plain, plain_clipped = mean_of_clipped(b, X)
+        assert a.last_shared == 0
+        assert got.tolist() == plain.tolist() and clipped == plain_clipped
     for spread in (0.1, 0.5, 3.0):
         for n in (3, 5, 10):
             X = rng.normal(1.0, spread, (n, 12))

@@ -44,11 +44,11 @@ def test_a_round_a_byzantine_majority_takes_moves_theta_by_a_bounded_step(rule):
     and its radius 0 (three replies at distance 0), the coordinate median is theirs: the
     round applies their vector whole. With the step bound c = 2 its norm is at most 2 x the
     median applied norm. (At the defaults the default defence counts the three copies as one
-    reply, ``robust-copy-cosine``, and the round is not taken: shown last; the step bound is
+    reply, ``robust-copy-votes``, and the round is not taken: shown last; the step bound is
     shown without it, against a majority the copies' rule cannot see.)"""
     rng = np.random.default_rng(0)
     keys = {"robust-aggregator": rule, "robust-byzantine": 2, "robust-clip-factor": 1.0}
-    keys["robust-copy-cosine"] = 0.0
+    keys["robust-copy-votes"] = False
     settings = RunSettings.model_validate(keys)
     f = 2 if rule == "median" else 0
     honest = [[{"w": rng.normal(size=50) / np.sqrt(50) + 0.3} for _ in range(5)] for _ in range(4)]
@@ -67,7 +67,7 @@ def test_a_round_a_byzantine_majority_takes_moves_theta_by_a_bounded_step(rule):
     assert results[2.0][:-1] == results[0.0][:-1]  # honest rounds untouched
     assert results[2.0][-1] == pytest.approx(2 * np.median(results[0.0][:-1]), rel=1e-9)
     if rule == "adaptive-clipping":  # copies counted once: the two honest replies outvote them
-        default = RunSettings.model_validate({**keys, "robust-copy-cosine": 0.999})
+        default = RunSettings.model_validate({**keys, "robust-copy-votes": True})
         pipe = pipelines.build(default, {}, seed=0, byzantine=f)
         rnd = Round(5, kind="arrays", weights=False, current={"w": np.zeros(50)})
         rnd.nodes = list(range(5))

@@ -375,20 +375,6 @@ class Span:
         """||x_i|| for every reply."""
         return np.sqrt(np.maximum(self.x0x0 + 2.0 * self.x0y + np.diag(self.Y), 0.0))
 
-    def cosines(self) -> np.ndarray:
-        """cos(x_i, x_j) for every pair; a zero input has no direction: 1 with another
-        zero input (they are the same point), 0 with the rest."""
-        inner = self.x0x0 + self.x0y[:, None] + self.x0y[None, :] + self.Y
-        norms = np.sqrt(np.maximum(np.diag(inner), 0.0))
-        zero = norms <= 1e-12 * max(float(norms.max(initial=0.0)), 1e-300)
-        cos = inner / np.maximum(np.outer(norms, norms), 1e-300)
-        cos = np.clip(cos, -1.0, 1.0)
-        cos[zero, :] = 0.0
-        cos[:, zero] = 0.0
-        cos[np.ix_(zero, zero)] = 1.0
-        np.fill_diagonal(cos, 1.0)
-        return cos
-
     def geometric_median(
         self, gamma: np.ndarray, rounds: int = 200, weights: np.ndarray | None = None
     ) -> np.ndarray:
@@ -396,7 +382,8 @@ class Span:
         ``gamma`` (``weights`` w_i, 1 unless given), until the weights settle (1e-12) or
         ``rounds``; a distance floor of 1e-12 x the replies' largest spread keeps a reply
         that coincides with v from dividing by 0."""
-        floor = 1e-12 * max(float(np.sqrt(np.diag(self.Y).max(initial=0.0))), 1e-300)
+        # (1e-300 as the floor itself: 1e-12 x 1e-300 is denormal, and 1 / it overflows)
+        floor = max(1e-12 * float(np.sqrt(np.diag(self.Y).max(initial=0.0))), 1e-300)
         w = np.ones(len(gamma)) if weights is None else np.asarray(weights, dtype=np.float64)
         for _ in range(rounds):
             inverse = w / np.maximum(self.distances(gamma), floor)

@@ -17,6 +17,7 @@ of the replies for a coordinate-wise rule. An algorithm asks the mode what it pr
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -71,7 +72,7 @@ def adaptive_clipping(cfg: RunSettings) -> AdaptiveClipping | None:
         cfg.robust_clip_factor,
         cfg.robust_clip_iterations,
         cfg.update_norm_growth,
-        cfg.robust_copy_cosine,
+        cfg.robust_copy_votes,
     )
 
 
@@ -236,7 +237,7 @@ class AdaptiveClipping:
 
     name = "adaptive-clipping"
     #: a checkpoint written before shared votes existed restores an object without them
-    copies = 0.0
+    copies = False
     last_shared = 0
 
     def __init__(
@@ -244,10 +245,8 @@ class AdaptiveClipping:
         factor: float = 1.0,
         iterations: int = 3,
         growth: float = 2.0,
-        copies: float = 0.0,
+        copies: bool = False,
     ) -> None:
-        if not 0 <= copies <= 1:
-            raise ValueError(f"adaptive clipping: copies = {copies}: must be in [0, 1]")
         if not factor >= 1:
             raise ValueError(f"adaptive clipping: factor = {factor}: must be >= 1")
         if iterations < 1:
@@ -255,7 +254,7 @@ class AdaptiveClipping:
         if not growth >= 1:
             raise ValueError(f"adaptive clipping: growth = {growth}: must be >= 1")
         self.factor, self.iterations, self.growth = factor, iterations, growth
-        self.copies = copies
+        self.copies = bool(copies)
         self.last_shared = 0  # the replies of the last round that shared a vote
         self.rho: dict[str, float] = {}  # per kind: the last multi-reply round's ||v|| + tau
         #: per kind, before rho: the nodes' recent norms (rounds of 1 or 2 replies)
@@ -289,7 +288,7 @@ class AdaptiveClipping:
             c = np.minimum(1.0, limits / np.maximum(norms, 1e-300))
             return (w_hat * c, int((c < 1).sum())) if (c < 1).any() else (None, 0)
         gamma = np.full(n, 1.0 / n)
-        votes = self.votes(space)
+        votes = self.votes(vectors)
         self.last_shared = int((votes < 1).sum())
         d = space.distances(gamma)
         tau = self.factor * lower_median_of(d, votes)
@@ -312,21 +311,24 @@ class AdaptiveClipping:
         # sum_i w^_i (v + c_i (x_i - v)) with v = sum_j gamma_j x_j
         return w_hat * c + float((w_hat * (1.0 - c)).sum()) * gamma, int((c < 1).sum())
 
-    def votes(self, space: Span) -> np.ndarray:
-        """Each reply's vote: 1 / the number of replies (itself included) that are copies
-        of it in direction (cosine >= ``copies``; all ones where ``copies`` is 0). Replies
-        that send one vector, or one vector scaled, count as one reply between them: the
-        literature's colluding attacks (IPM, ALIE, Min-Max, Min-Sum) send one vector from
-        every attacker, which is what lets them outvote the honest replies of a round (a
-        majority of copies is the round's centre, radius 0) and push by f tau / N. Honest
-        clients' updates differ by their data and their SGD noise; two that point within
-        ``copies`` of one another are near-duplicates, counted once (FoolsGold's signal,
-        Fung, Yoon & Beschastnikh, RAID 2020, per round). An attacker that decorrelates its
-        copies escapes this at a small cost to its pull: then the per-reply bound holds."""
-        n = len(space.Y)
+    def votes(self, vectors: Sequence[Mapping[str, np.ndarray]]) -> np.ndarray:
+        """Each reply's vote: 1 / the number of replies (itself included) that are the same
+        vector, bit for bit (all ones where ``copies`` is off, or where every reply is the
+        same). Replies that send one vector count as one reply between them: the literature's
+        colluding attacks (IPM, ALIE, Min-Max, Min-Sum) send one vector from every attacker,
+        which is what lets them outvote the honest replies of a round (a majority of copies is
+        the round's centre, radius 0) and push by f tau / N; honest clients' updates differ by
+        their data and their SGD noise (FoolsGold's signal, Fung, Yoon & Beschastnikh, RAID
+        2020, per round). The replies' bytes are compared (a digest of each), not their Gram
+        matrix, whose pairwise distances cancel to noise when one reply is 1e6 times the
+        others. An attacker that decorrelates its copies escapes this at a small cost to its
+        pull: then the per-reply bound holds."""
+        n = len(vectors)
         if not self.copies or n < MIN_SPREAD_REPLIES:
             return np.ones(n)
-        return 1.0 / (space.cosines() >= self.copies).sum(axis=1)
+        digests = [_digest(v) for v in vectors]
+        votes = np.array([1.0 / digests.count(d) for d in digests])
+        return np.ones(n) if (votes == votes[0]).all() else votes
 
     def _small_round_limits(
         self,
@@ -353,6 +355,17 @@ class AdaptiveClipping:
         for node, norm in pairs:  # a round's two replies each count the other's norm
             clip.record(node, norm)
         return np.array([clip.threshold(node, norm, 0.0) for node, norm in pairs])
+
+
+def _digest(vector: Mapping[str, np.ndarray]) -> bytes:
+    """A digest of a reply's arrays (names, shapes, dtypes and bytes): equal for the same
+    vector, bit for bit."""
+    h = hashlib.blake2b(digest_size=16)
+    for k in sorted(vector):
+        a = np.ascontiguousarray(vector[k])
+        h.update(f"{k}|{a.shape}|{a.dtype}|".encode())
+        h.update(a.data if a.size else b"")
+    return h.digest()
 
 
 def _gram(vectors, center) -> np.ndarray:
