@@ -84,7 +84,7 @@ PLANTS = [
     Plant(
         "shared votes: every reply votes 1 (copies outvote the honest replies)",
         S + "combine.py",
-        [("votes = np.array([1.0 / digests.count(d) for d in digests])", "votes = np.ones(n)")],
+        [("        votes = 1.0 / same\n", "        votes = np.ones(n)\n")],
         [DEFENCE],
     ),
     Plant(

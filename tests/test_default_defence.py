@@ -244,6 +244,18 @@ def test_honest_heterogeneous_or_agreeing_rounds_share_no_vote():
             assert got.tolist() == plain.tolist() and clipped == plain_clipped
 
 
+def test_a_reply_one_value_away_from_a_copy_is_no_copy():
+    """The votes compare a sample of each reply first and the whole bytes where samples
+    agree: a reply that differs from two copies in one value the sample skips votes alone."""
+    rng = np.random.default_rng(12)
+    honest = [{"w": rng.normal(size=(50, 40))} for _ in range(4)]
+    copy = {"w": rng.normal(size=(50, 40))}
+    near = {"w": copy["w"].copy()}
+    near["w"][0, 1] += 1e-9  # off the sample's stride
+    votes = AdaptiveClipping(copies=True).votes([*honest, copy, {"w": copy["w"].copy()}, near])
+    assert votes.tolist() == [1, 1, 1, 1, 0.5, 0.5, 1]
+
+
 def test_the_vote_weighted_lower_median_is_the_lower_median_under_equal_votes():
     rng = np.random.default_rng(10)
     for n in range(1, 12):
