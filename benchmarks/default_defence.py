@@ -292,13 +292,15 @@ def one_run(
     except Exception as err:  # the run stopped: that is the result
         return {"error": f"{type(err).__name__}: {str(err)[:300]}"}
     dropped: dict[str, int] = {}
-    clipped = shared = 0
+    clipped = shared = distrusted = far = 0
     for entry in rep.rounds:
         for reason, n in entry.dropped.items():
             key = reason.split(" ")[0] + " " + reason.split(" ")[1] if " " in reason else reason
             dropped[key] = dropped.get(key, 0) + n
         clipped += int(entry.train.get("clipped", 0))
         shared += int(entry.train.get("shared-votes", 0))
+        distrusted += int(entry.train.get("distrusted", 0))
+        far += int(entry.train.get("far-off", 0))
     final = rep.final
     # training rounds in which replies were applied, every one of them hostile, while honest
     # nodes had been asked (a taken round applies nothing)
@@ -319,6 +321,10 @@ def one_run(
         "clipped": clipped,
         # replies counted under a shared vote (copies of one vector), all rounds
         "shared-votes": shared,
+        # replies whose node the defence distrusted (its standing), and replies weighed 0
+        # for their reach (far off the centre), all rounds
+        "distrusted": distrusted,
+        "far-off": far,
         "hostile-only-rounds": hostile_only,
         "taken-rounds": sorted(taken),
         "cpu-s": round(time.process_time() - started, 1),
@@ -505,8 +511,9 @@ def table(rows: list[dict]) -> str:
         "worst seed | seeds > 5 | final round: loss | honest clean | honest attacked | "
         "honest loss | honest loss per seed | hostile-only rounds (runs with any) | "
         "backdoor success, honest (clean → attacked) | target-class holders | "
-        "clipped (attacked / clean) | shared votes (attacked / clean) | dropped | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "clipped (attacked / clean) | shared votes (attacked / clean) | "
+        "distrusted, far off (attacked / clean) | dropped | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def group(row: dict) -> tuple:
@@ -547,6 +554,13 @@ def table(rows: list[dict]) -> str:
             else "?"
             for side in ("attacked", "clean")
         )
+        # node history's counts; "?" where a file predates them
+        history = " / ".join(
+            f"{sum(r[side]['distrusted'] for r in mine)}, {sum(r[side]['far-off'] for r in mine)}"
+            if all("far-off" in r[side] for r in mine)
+            else "?"
+            for side in ("attacked", "clean")
+        )
         cells = [
             stat(pair(key, side)) if side else stat(loss(key))
             for key in ("personal-accuracy", "honest-accuracy")
@@ -570,7 +584,7 @@ def table(rows: list[dict]) -> str:
             cells.append(f"{_mean(clean):.2f} → {_mean(hit):.2f}")
         lines.append(
             f"| {attack} | {count} | {algorithm} | {len(mine)} | {' | '.join(cells)} | "
-            f"{clipped} | {shared} | {dropped or '-'} | {errors} |"
+            f"{clipped} | {shared} | {history} | {dropped or '-'} | {errors} |"
         )
     return "\n".join(lines)
 

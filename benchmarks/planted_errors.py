@@ -29,6 +29,7 @@ T = "tests/"
 EXACT = [f"{T}test_exact_rounds.py", f"{T}test_bring_your_own.py"]
 PRIVACY = f"{T}test_privacy.py::"
 DEFENCE = f"{T}test_default_defence.py"
+HISTORY = f"{T}test_node_history.py"
 LOCKOUT = f"{T}test_lockout.py"
 #: issue 46 items 1, 2, 8: decisions local to the reply, the sensitivity end to end, the sample
 DPR = f"{T}test_dp_release.py::"
@@ -120,6 +121,82 @@ PLANTS = [
             )
         ],
         [DEFENCE],
+    ),
+    # --- node history: a node's clipping record weighs its say (issue 60) ------------------
+    Plant(
+        "node history: every node trusted whatever its standing",
+        S + "combine.py",
+        [
+            (
+                "out[i] = min(1.0, float(np.median(record)) / TRUST_LEVEL)",
+                "out[i] = 1.0",
+            )
+        ],
+        [HISTORY],
+    ),
+    Plant(
+        "node history: the standing's mean instead of its median",
+        S + "combine.py",
+        [("float(np.median(record)) / TRUST_LEVEL", "float(np.mean(record)) / TRUST_LEVEL")],
+        [HISTORY],
+    ),
+    Plant(
+        "node history: every record remembered, not one entry a round",
+        S + "combine.py",
+        [("    if main:  # one entry per round", "    if True:  # one entry per round")],
+        [HISTORY],
+    ),
+    Plant(
+        "node history: the whole record kept, not the last 8",
+        S + "combine.py",
+        [("            del record[:-STANDING_ROUNDS]\n", "")],
+        [HISTORY],
+    ),
+    Plant(
+        "node history: a new node's record not padded",
+        S + "combine.py",
+        [("                record = record + [1.0] * (MIN_STANDING - len(record))\n", "")],
+        [HISTORY],
+    ),
+    Plant(
+        "node history: the trust left out of the algorithm's mean",
+        S + "combine.py",
+        [
+            (
+                "if self.last_shared or self.last_distrusted or self.last_far:",
+                "if self.last_shared or self.last_far:",
+            )
+        ],
+        [HISTORY],
+    ),
+    Plant(
+        "node history: a round of distrusted nodes passes unclipped when nothing is far",
+        S + "combine.py",
+        [
+            (
+                "if not self.last_shared and not self.last_distrusted and (d <= tau",
+                "if not self.last_shared and (d <= tau",
+            )
+        ],
+        [HISTORY],
+    ),
+    Plant(
+        "node history: a round with a distrusted node left to FFGG's geometric median",
+        S + "combine.py",
+        [("                or clip.last_distrusted\n", "")],
+        [HISTORY],
+    ),
+    Plant(
+        "node history: a far-off reply weighs in its round's mean",
+        S + "combine.py",
+        [("if self.history and far.any() and", "if False and")],
+        [HISTORY],
+    ),
+    Plant(
+        "node history: the standing records the clip with the claim's share, not the reach",
+        S + "combine.py",
+        [("        self.last_c = reach\n", "        self.last_c = c\n")],
+        [HISTORY],
     ),
     # --- no lockout: a round whose replies show the model was taken (issue 60) -------------
     Plant(

@@ -636,6 +636,15 @@ class RunSettings(Settings):
             "clients sending one vector cannot outvote the honest ones; false: off"
         ),
     )
+    robust_node_history: bool = Field(
+        True,
+        alias="robust-node-history",
+        description=(
+            "the default defence's node history: a node whose replies were clipped to less "
+            "than half their length in most of its last 8 rounds loses its say in the round's "
+            "centre, radius and mean in proportion; false: every node votes alike"
+        ),
+    )
     robust_step_bound: float = Field(
         0.0,
         alias="robust-step-bound",

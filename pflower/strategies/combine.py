@@ -72,6 +72,7 @@ def adaptive_clipping(cfg: RunSettings) -> AdaptiveClipping | None:
         cfg.robust_clip_iterations,
         cfg.update_norm_growth,
         cfg.robust_copy_votes,
+        cfg.robust_node_history,
     )
 
 
@@ -238,6 +239,10 @@ class AdaptiveClipping:
     #: a checkpoint written before shared votes existed restores an object without them
     copies = False
     last_shared = 0
+    #: the same for node history (``history``)
+    history = False
+    last_distrusted = last_far = 0
+    last_c: np.ndarray | None = None
 
     def __init__(
         self,
@@ -245,6 +250,7 @@ class AdaptiveClipping:
         iterations: int = 3,
         growth: float = 2.0,
         copies: bool = False,
+        history: bool = False,
     ) -> None:
         if not factor >= 1:
             raise ValueError(f"adaptive clipping: factor = {factor}: must be >= 1")
@@ -255,6 +261,11 @@ class AdaptiveClipping:
         self.factor, self.iterations, self.growth = factor, iterations, growth
         self.copies = bool(copies)
         self.last_shared = 0  # the replies of the last round that shared a vote
+        self.history = bool(history)
+        #: per node: the clip factors c_i of its last ``STANDING_ROUNDS`` replies
+        self.standing: dict[int, list[float]] = {}
+        self.last_distrusted = 0  # the replies of the last round whose node was distrusted
+        self.last_c = None  # each reply's clip factor in the last round of >= 3 replies
         self.rho: dict[str, float] = {}  # per kind: the last multi-reply round's ||v|| + tau
         #: per kind, before rho: the nodes' recent norms (rounds of 1 or 2 replies)
         self.recent: dict[str, RecentNormClip] = {}
@@ -267,6 +278,7 @@ class AdaptiveClipping:
         center: Mapping[str, np.ndarray] | None = None,
         nodes: Sequence[int] | None = None,
         population: int = 0,
+        trust: np.ndarray | None = None,
     ) -> tuple[np.ndarray | None, int]:
         """``beta`` with ``sum_i beta_i x_i = sum_i w^_i x~_i`` (``w^`` the weights
         normalized, ``x~`` the clipped updates; x_i = ``vectors[i]``, or ``center -
@@ -275,6 +287,7 @@ class AdaptiveClipping:
         before any round of 3: ``nodes``, the node of each vector; ``population``, how many
         nodes the round was sampled from; without them nothing is clipped there."""
         n = len(vectors)
+        self.last_distrusted, self.last_far, self.last_c = 0, 0, None
         w = np.asarray(list(weights), dtype=np.float64)
         w_hat = w / w.sum()
         share = np.minimum(1.0, lower_median_of(w) / np.maximum(w, 1e-300))
@@ -289,11 +302,17 @@ class AdaptiveClipping:
         gamma = np.full(n, 1.0 / n)
         votes = self.votes(vectors)
         self.last_shared = int((votes < 1).sum())
+        if trust is not None and (trust < 1).any() and (votes * trust).sum() > 0:
+            votes = votes * trust  # a distrusted node's say shrinks with its standing
+            self.last_distrusted = int((trust < 1).sum())
         d = space.distances(gamma)
         tau = self.factor * lower_median_of(d, votes)
-        if not self.last_shared and (d <= tau * share).all():
+        if not self.last_shared and not self.last_distrusted and (d <= tau * share).all():
             self.rho[kind] = space.norm(gamma) + tau
+            self.last_c = np.ones(n)
             return None, 0
+        if self.last_distrusted:  # Weiszfeld from the trusted replies' mean
+            gamma = votes / votes.sum()
         gamma = space.geometric_median(gamma, weights=votes)
         total = votes.sum()
         for _ in range(self.iterations):
@@ -305,10 +324,68 @@ class AdaptiveClipping:
         tau = self.factor * lower_median_of(d, votes)
         self.rho[kind] = space.norm(gamma) + tau
         c = np.minimum(1.0, tau * share / np.maximum(d, 1e-300))
-        if self.last_shared:  # the algorithm's weights, a vote's replies splitting one's
+        # each reply's reach: the share of it the radius keeps, whatever its claim (a node
+        # with 4 x the lower-median data is clipped to a quarter of the radius every round:
+        # that says nothing about its direction); 1 within the radius, a radius of 0 too
+        reach = np.where(d <= tau, 1.0, tau / np.maximum(d, 1e-300))
+        self.last_c = reach
+        far = reach < FAR_OFF
+        if self.history and far.any() and (w_hat * votes * ~far).sum() > 0:
+            # a reply clipped to less than FAR_OFF of its length weighs nothing in this
+            # round's mean, whatever its node's standing: a node's first reply has none
+            votes = np.where(far, 0.0, votes)
+            self.last_far = int(far.sum())
+        if self.last_shared or self.last_distrusted or self.last_far:
+            # the algorithm's weights, a vote's replies splitting one's, a distrusted node's
+            # shrunk by its standing, a far-off reply's 0
             w_hat = w_hat * votes / float((w_hat * votes).sum())
         # sum_i w^_i (v + c_i (x_i - v)) with v = sum_j gamma_j x_j
         return w_hat * c + float((w_hat * (1.0 - c)).sum()) * gamma, int((c < 1).sum())
+
+    def trust(self, nodes: Sequence[int] | None) -> np.ndarray | None:
+        """Each node's trust for a round of its replies: ``min(1, s / TRUST_LEVEL)``, s the
+        median clip factor of its last ``STANDING_ROUNDS`` replies, a node with fewer than
+        ``MIN_STANDING`` padded with 1s to that many (a new node is trusted; one reply of an
+        honest node clipped hard in its first round, as a round the attackers held clips the
+        honest ones, does not distrust it: two of its first three must be); None where
+        ``history`` is off or the nodes are unknown.
+
+        Why: an attacker that sends a large update in every round it is sampled (the
+        adaptive attack: its honest update turned around at the largest accepted norm) is
+        clipped to a small fraction of its length in each round it is a minority of, and in
+        a round where it and its like are a majority they are the radius's replies and the
+        round is theirs (3 of 5 replies at 3 of 10 attackers: 8 % of rounds). Its history of
+        clipping is what tells it apart: honest replies are clipped to 0.45-1 of their length
+        (the main job, clean and attacked, median per node 0.65-1), its own to below 0.01.
+        A distrusted node's vote shrinks in the centre, the radius and the algorithm's mean,
+        so that a round of a distrusted majority is placed and sized by the trusted replies,
+        and a node that keeps sending what is clipped away keeps losing its say. A node
+        clipped to half its length or more in most of its recent rounds keeps its whole say;
+        what is clipped less never moved anyone's weight."""
+        if not self.history or nodes is None:
+            return None
+        standing = self.__dict__.setdefault("standing", {})
+        out = np.ones(len(nodes))
+        for i, node in enumerate(nodes):
+            record = standing.get(int(node))
+            if record:  # a new node's first replies count beside a clean record
+                record = record + [1.0] * (MIN_STANDING - len(record))
+                out[i] = min(1.0, float(np.median(record)) / TRUST_LEVEL)
+        return out
+
+    def remember(self, nodes: Sequence[int] | None) -> None:
+        """Add the last round's clip factors (``last_c``) to its nodes' standing."""
+        if not self.history or nodes is None or self.last_c is None:
+            return
+        if len(nodes) != len(self.last_c):  # a caller's bug must not switch the history off
+            raise ValueError(
+                f"adaptive clipping: {len(nodes)} nodes for {len(self.last_c)} replies"
+            )
+        standing = self.__dict__.setdefault("standing", {})
+        for node, c in zip(nodes, self.last_c):
+            record = standing.setdefault(int(node), [])
+            record.append(float(c))
+            del record[:-STANDING_ROUNDS]
 
     def votes(self, vectors: Sequence[Mapping[str, np.ndarray]]) -> np.ndarray:
         """Each reply's vote: 1 / the number of replies (itself included) that are the same
@@ -363,6 +440,14 @@ class AdaptiveClipping:
             clip.record(node, norm)
         return np.array([clip.threshold(node, norm, 0.0) for node, norm in pairs])
 
+
+#: a node's standing: the clip factors of its last this many replies (rounds of >= 3), the
+#: median of them below which its trust shrinks, and the record a new node's is padded to
+#: with 1s (``AdaptiveClipping.trust``)
+STANDING_ROUNDS, TRUST_LEVEL, MIN_STANDING = 8, 0.5, 3
+#: a reply whose reach (the share of it the radius keeps) is below this weighs nothing in
+#: its round's mean (``AdaptiveClipping.coefficients``, with ``history``)
+FAR_OFF = 0.25
 
 #: values of each array sampled for a reply's fingerprint (``AdaptiveClipping.votes``)
 FINGERPRINT_VALUES = 64
@@ -574,6 +659,10 @@ def clip_counts(rnd) -> dict[str, float]:
     """``clipped`` (the replies' updates a clip shortened) and ``clipped-<record>``."""
     others = {f"clipped-{k}": n for k, n in sorted(rnd.clipped.items()) if k != rnd.kind}
     shared = {"shared-votes": rnd.shared[rnd.kind]} if rnd.shared.get(rnd.kind) else {}
+    if rnd.distrusted.get(rnd.kind):
+        shared["distrusted"] = rnd.distrusted[rnd.kind]
+    if rnd.far.get(rnd.kind):
+        shared["far-off"] = rnd.far[rnd.kind]
     return {"clipped": rnd.clipped.get(rnd.kind, 0), **others, **shared}
 
 
@@ -609,11 +698,22 @@ def clip_step(clip: AdaptiveClipping, rnd, vectors, weights, center, kind) -> tu
     sees), and what ``clipped_mean`` needs to apply them."""
     kind = kind or rnd.kind
     clip.last_shared = 0
+    nodes = rnd.nodes or None
+    main = kind == rnd.kind
+    # the standing before the round, for each of its records (Scaffold's control delta too)
+    if main or rnd.trust is None:
+        rnd.trust = clip.trust(nodes)
     beta, clipped = clip.coefficients(
-        kind, vectors, weights, center, rnd.nodes or None, rnd.population
+        kind, vectors, weights, center, nodes, rnd.population, rnd.trust
     )
     if clip.last_shared:
         rnd.shared[kind] = clip.last_shared
+    if clip.last_distrusted:
+        rnd.distrusted[kind] = clip.last_distrusted
+    if clip.last_far:
+        rnd.far[kind] = clip.last_far
+    if main:  # one entry per round: the algorithm's update, not each record
+        clip.remember(nodes)
     return kind, beta, clipped, vectors, weights, center
 
 
@@ -630,9 +730,10 @@ def clipped_mean(rnd, step: tuple) -> dict[str, np.ndarray]:
 class RobustRule(Combine):
     """A robust rule over the updates, unweighted, with f = ``byzantine``; ``clip`` (the
     small-round clip of ``robust-small-rounds = "clip"``, or None) takes the rounds whose rule
-    would combine fewer than ``MIN_RULE_INPUTS`` values and those in which replies are copies
+    would combine fewer than ``MIN_RULE_INPUTS`` values, those in which replies are copies
     of one vector (``AdaptiveClipping.votes``: the clip counts them as one reply, a rule as
-    many), and keeps its state in every round.
+    many) and those with a node the clip distrusts (``AdaptiveClipping.trust``: the clip
+    shrinks its say, a rule cannot), and keeps its state in every round.
 
     **f means Byzantine, not absent.** The rule tolerates f Byzantine replies among those the
     round kept, whatever else it lost: a node that failed, fell silent or had its reply
@@ -701,8 +802,14 @@ class RobustRule(Combine):
             step = clip_step(self.clip, rnd, vectors, weights, center, kind)
             # and the rounds with copies of one vector: a median counts each copy as an
             # input (a majority of copies is its answer, a minority of them pulls it), the
-            # clip counts them as one reply
-            if self.rule.inputs(len(vectors)) < MIN_RULE_INPUTS or self.clip.last_shared:
+            # clip counts them as one reply; and those with a distrusted node (its history of
+            # being clipped away), whose say the clip shrinks and a median cannot
+            clip = self.clip
+            if (
+                self.rule.inputs(len(vectors)) < MIN_RULE_INPUTS
+                or clip.last_shared
+                or clip.last_distrusted
+            ):
                 return clipped_mean(rnd, step)
         if not self.rule.problem(len(vectors), self.byzantine):
             return robust_combine(self.rule, vectors, self.byzantine, center)

@@ -98,6 +98,12 @@ class Round:
     clipped: dict[str, int] = field(default_factory=dict)
     #: replies the default defence counted under a shared vote, by kind of update
     shared: dict[str, int] = field(default_factory=dict)
+    #: replies whose node the default defence distrusted (its standing), by kind of update
+    distrusted: dict[str, int] = field(default_factory=dict)
+    #: replies the default defence weighed 0 for their reach (``combine.FAR_OFF``), by kind
+    far: dict[str, int] = field(default_factory=dict)
+    #: the default defence's trust in each update's node (``AdaptiveClipping.trust``)
+    trust: np.ndarray | None = None
     #: times a robust rule could not take the round with its f and the clip did
     fell_back: int = 0
     #: combined updates the step bound scaled down (``combine.StepBound``)
