@@ -91,7 +91,7 @@ PLANTS = [
     Plant(
         "shared votes: a round with copies left to FFGG's geometric median",
         S + "combine.py",
-        [(" < MIN_RULE_INPUTS or self.clip.last_shared:", " < MIN_RULE_INPUTS:")],
+        [("                or clip.last_shared\n", "")],
         [DEFENCE],
     ),
     Plant(
@@ -190,6 +190,12 @@ PLANTS = [
         "node history: a far-off reply weighs in its round's mean",
         S + "combine.py",
         [("if self.history and far.any() and", "if False and")],
+        [HISTORY],
+    ),
+    Plant(
+        "node history: an established node's far-off reply cut too (no probation)",
+        S + "combine.py",
+        [("far = (reach < FAR_OFF) & self.on_probation(nodes, n)", "far = reach < FAR_OFF")],
         [HISTORY],
     ),
     Plant(

@@ -30,14 +30,16 @@ def reference_trust(records: list[list[float]]) -> np.ndarray:
     return np.array(out)
 
 
-def reference_history_clip(X: np.ndarray, trust: np.ndarray, w: np.ndarray, iterations=3):
+def reference_history_clip(
+    X: np.ndarray, trust: np.ndarray, w: np.ndarray, iterations=3, factor: float = 1.0
+):
     """The clipped mean under node history, from its statement: each row's vote its trust
     (shared votes aside: the rows here are distinct) in the geometric median, the
     centered-clipping steps and the radius (the smallest d at which the votes of the rows up
     to it reach half); each row clipped into the ball, its claim's share s_i = min(1, w_m /
-    w_i) shrinking its radius; the mean weighing each clipped row by w_i x t_i, and by 0 where
-    its reach (1 within the radius, else tau / d_i) is below a quarter. Returns (the mean,
-    the radius)."""
+    w_i) shrinking its radius (``factor`` x the weighted lower median); the mean weighing
+    each clipped row by w_i x t_i, and by 0 where its reach (1 within the radius, else
+    tau / d_i) is below a quarter (every row a new node's). Returns (the mean, the radius)."""
     n = len(X)
     share = np.minimum(1.0, np.sort(w)[(n + 1) // 2 - 1] / w)
 
@@ -45,7 +47,7 @@ def reference_history_clip(X: np.ndarray, trust: np.ndarray, w: np.ndarray, iter
         d = np.linalg.norm(X - v, axis=1)
         order = np.argsort(d)
         reached = np.cumsum(trust[order])
-        return d, d[order[np.nonzero(reached >= reached[-1] / 2 - 1e-12)[0][0]]]
+        return d, factor * d[order[np.nonzero(reached >= reached[-1] / 2 - 1e-12)[0][0]]]
 
     v = X.mean(0)
     for _ in range(20000):  # Weiszfeld's iterations, each row weighing its trust
@@ -110,6 +112,24 @@ def test_a_round_with_distrusted_nodes_is_the_stated_weighted_rule():
             # with half the votes) leaves rounding only
             scale = 1e-3 * tau + 1e-10 * np.abs(X).max()
             np.testing.assert_allclose(got, expected, rtol=1e-3, atol=scale)
+
+
+def test_a_distrusted_node_is_weighed_where_nothing_would_be_clipped():
+    """At PFLEGO's radius (2 x the lower median distance) a tight round has no reply beyond
+    the radius and would be the algorithm's own mean; with a distrusted node in it, the round
+    is the stated rule's, its say shrunk."""
+    rng = np.random.default_rng(9)
+    for _ in range(30):
+        X = rng.normal(rng.normal(0, 1, 8), 0.3, (5, 8))
+        w = np.ones(5)
+        plain = AdaptiveClipping(2.0)
+        assert plain.coefficients("x", [split(x) for x in X], w)[0] is None
+        trust = np.array([1.0, 1.0, 1.0, 1.0, 0.2])
+        rule = AdaptiveClipping(2.0, history=True)
+        beta, _ = rule.coefficients("x", [split(x) for x in X], w, trust=trust)
+        expected, tau = reference_history_clip(X, trust, w, factor=2.0)
+        assert beta is not None and rule.last_distrusted == 1
+        np.testing.assert_allclose(beta @ X, expected, rtol=1e-4, atol=1e-4 * tau)
 
 
 def test_a_round_of_distrusted_nodes_only_is_clipped_as_without_history():
@@ -283,6 +303,27 @@ def test_a_far_off_reply_weighs_nothing_even_as_a_new_nodes_first():
         assert abs(beta[4]) * np.linalg.norm(boosted) < tau
         without, _ = mean_of_clipped(AdaptiveClipping(), X, w)
         assert not np.allclose(without, beta @ X, rtol=1e-6, atol=1e-9)
+
+
+def test_an_established_node_is_judged_by_its_standing_not_cut():
+    """A node with 3 or more entries in its standing is off probation: a far-off reply of it
+    is clipped and weighed by its trust (here whole), not cut; a new node's is cut."""
+    rng = np.random.default_rng(10)
+    X = np.vstack([rng.normal(0, 0.5, (4, 10)), 40 * np.ones((1, 10))])
+    for record, cut in (([1.0, 1.0, 1.0], False), ([1.0, 1.0], True)):
+        rule = AdaptiveClipping(history=True)
+        rule.standing = {4: list(record)}
+        nodes = [0, 1, 2, 3, 4]
+        beta, _ = rule.coefficients(
+            "x", [split(x) for x in X], np.ones(5), nodes=nodes, trust=rule.trust(nodes)
+        )
+        assert rule.last_c[4] < FAR and rule.last_far == int(cut)
+        if cut:  # the statement's far-off rule; uncut, the plain clip's mean
+            expected, tau = reference_history_clip(X, np.ones(5), np.ones(5))
+            np.testing.assert_allclose(beta @ X, expected, rtol=1e-4, atol=1e-4 * tau)
+        else:
+            plain, _ = mean_of_clipped(AdaptiveClipping(), X)
+            np.testing.assert_allclose(beta @ X, plain, rtol=1e-9, atol=1e-12)
 
 
 def test_a_large_claim_is_no_mark_against_a_node():

@@ -329,10 +329,11 @@ class AdaptiveClipping:
         # that says nothing about its direction); 1 within the radius, a radius of 0 too
         reach = np.where(d <= tau, 1.0, tau / np.maximum(d, 1e-300))
         self.last_c = reach
-        far = reach < FAR_OFF
+        # a new node's reply (its standing shorter than MIN_STANDING) clipped to less than
+        # FAR_OFF of its length weighs nothing in this round's mean: its standing cannot
+        # judge it yet, and a boosted backdoor's first replies planted it for the run
+        far = (reach < FAR_OFF) & self.on_probation(nodes, n)
         if self.history and far.any() and (w_hat * votes * ~far).sum() > 0:
-            # a reply clipped to less than FAR_OFF of its length weighs nothing in this
-            # round's mean, whatever its node's standing: a node's first reply has none
             votes = np.where(far, 0.0, votes)
             self.last_far = int(far.sum())
         if self.last_shared or self.last_distrusted or self.last_far:
@@ -372,6 +373,14 @@ class AdaptiveClipping:
                 record = record + [1.0] * (MIN_STANDING - len(record))
                 out[i] = min(1.0, float(np.median(record)) / TRUST_LEVEL)
         return out
+
+    def on_probation(self, nodes: Sequence[int] | None, n: int) -> np.ndarray:
+        """Which of a round's ``n`` replies come from a node with fewer than
+        ``MIN_STANDING`` replies in its standing (all of them where the nodes are unknown)."""
+        if nodes is None or len(nodes) != n:
+            return np.ones(n, dtype=bool)
+        standing = self.__dict__.setdefault("standing", {})
+        return np.array([len(standing.get(int(node), ())) < MIN_STANDING for node in nodes])
 
     def remember(self, nodes: Sequence[int] | None) -> None:
         """Add the last round's clip factors (``last_c``) to its nodes' standing."""
