@@ -183,7 +183,7 @@ PLANTS = [
     Plant(
         "node history: a round with a distrusted node left to FFGG's geometric median",
         S + "combine.py",
-        [("                or clip.last_distrusted\n", "")],
+        [("(rnd.trust < RULE_DISTRUST).any())", "(rnd.trust < 0).any())")],
         [HISTORY],
     ),
     Plant(
