@@ -58,8 +58,10 @@ def marks(text: str) -> list[tuple[str, list[str], str]]:
 
 
 def number_in(number: str, text: str) -> bool:
-    """``number`` as a whole number in ``text`` (96.9 is not in 96.90 and 1.2 not in 11.2)."""
-    return re.search(rf"(?<![\d.]){re.escape(number)}(?![\d])", text) is not None
+    """``number`` as a whole number in ``text`` (96.9 is not in 96.90, 1.2 not in 11.2, 0.3
+    not in −0.3); the prose's minus sign (U+2212) reads as the file's hyphen."""
+    text = text.replace("\u2212", "-")
+    return re.search(rf"(?<![\d.-]){re.escape(number)}(?![\d])", text) is not None
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
@@ -84,7 +86,7 @@ def test_the_readme_marks_its_headline_figures():
     found = {path for _, _, path in marks((ROOT / "README.md").read_text())}
     assert {
         "benchmarks/results/main-job-runs.md",
-        "benchmarks/results/defence-votes/table.md",
+        "benchmarks/results/defence-history/table.md",
         "benchmarks/results/planted_errors.md",
     } <= found
 
@@ -102,6 +104,7 @@ def test_the_checks_catch_a_wrong_figure_and_a_missing_file(tmp_path):
     assert not number_in("96.80", results.read_text())
     (prose, numbers, path), = marks(ok.replace("96.90 / ", ""))
     assert not number_in("96.90", prose)
+    assert number_in("-0.3", "lost \u22120.3 points") and not number_in("0.3", "\u22120.3")
     assert expand("a-{x,y}.jsonl") == ["a-x.jsonl", "a-y.jsonl"]
     page = "see `benchmarks/results/nothing-here.md`."
     assert "benchmarks/results/nothing-here.md" in cited(page)
