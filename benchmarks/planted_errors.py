@@ -322,7 +322,7 @@ PLANTS = [
     Plant(
         "default defence: FFGG's small rounds left to the rule (robust-small-rounds ignored)",
         S + "ffgg.py",
-        [('    "robust_small_rounds": "clip",\n}', "}")],
+        [('    "robust_small_rounds": "clip",\n', "")],
         [DEFENCE],
     ),
     Plant(
@@ -1029,6 +1029,18 @@ PLANTS = [
                 "limit = self.factor * float(np.max(history))",
             )
         ],
+        [T + "test_step_bound.py"],
+    ),
+    Plant(
+        "step bound: FFGG's default defence without it (Min-Sum at 2 of 10 lost 10.4)",
+        S + "ffgg.py",
+        [('    "robust_step_bound": 2.0,\n', "")],
+        [T + "test_step_bound.py"],
+    ),
+    Plant(
+        "step bound: a rule given by hand takes FFGG's default bound",
+        S + "pipeline.py",
+        [("        own = given is not None\n", "        own = False\n")],
         [T + "test_step_bound.py"],
     ),
     Plant(

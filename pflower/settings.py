@@ -107,6 +107,7 @@ AUTO: dict[str, tuple[Any, Any]] = {
     "robust_bucket_size": (0, 0),
     "robust_clip_factor": (0.0, 1.0),
     "robust_small_rounds": ("auto", "rule"),
+    "robust_step_bound": ("auto", 0.0),
 }
 
 
@@ -645,15 +646,15 @@ class RunSettings(Settings):
             "centre, radius and mean in proportion; false: every node votes alike"
         ),
     )
-    robust_step_bound: float = Field(
-        0.0,
+    robust_step_bound: float | Literal["auto"] = Field(
+        "auto",
         alias="robust-step-bound",
-        ge=0,
         description=(
             "beside the default defence or a robust rule: each round's combined update is "
             "scaled down to this many times the median norm of the last 10 applied ones of its "
             "kind (>= 1; 0: off), so that a round a Byzantine majority takes moves theta by at "
-            "most that"
+            "most that; `auto`: 2 for `ffgg`'s default defence (a gradient step that one "
+            "poisoned round sends into a steep region does not run away), off otherwise"
         ),
     )
     robust_clip_iterations: int = Field(
@@ -951,10 +952,12 @@ class RunSettings(Settings):
                 f"data set {self.dataset!r} make a regression problem; use task 'regression' "
                 "or 'auto'"
             )
-        if 0 < self.robust_step_bound < 1:
+        if self.robust_step_bound != "auto" and (
+            self.robust_step_bound < 0 or 0 < self.robust_step_bound < 1
+        ):
             raise ConfigError(
                 f"key 'robust-step-bound' = {self.robust_step_bound}: a multiple of the median "
-                "applied step: must be 0 (off) or >= 1"
+                "applied step: must be 0 (off), >= 1 or 'auto'"
             )
         if 0 < self.robust_clip_factor < 1:
             raise ConfigError(
@@ -1244,6 +1247,14 @@ def _one_of(key: str, value: str, names: tuple[str, ...], alternative: str = "")
         raise ConfigError(f"key {key!r} = {value!r}: must be {_choices(value, names)}{extra}")
 
 
+def _member(part: Any) -> str:
+    """A union member in words: 'a number', ''auto''."""
+    names = get_args(part)
+    if names:
+        return repr(names[0]) if len(names) == 1 else _allowed(names)
+    return {float: "a number", int: "a whole number", str: "a string"}.get(part, str(part))
+
+
 def _choices(value: Any, names: tuple[str, ...]) -> str:
     """'one of 'a', 'b' (did you mean 'a'?)'."""
     close = difflib.get_close_matches(str(value), [str(n) for n in names], n=1)
@@ -1262,12 +1273,21 @@ def _import_path(value: str) -> bool:
 def _describe(cls: type[BaseModel], err: ValidationError) -> str:
     """Turn pydantic's errors into 'key = value: what is allowed' phrases."""
     lines = []
+    unions: set[str] = set()
     for e in err.errors():
         if not e["loc"]:  # raised by a model validator: already phrased with key and value
             lines.append(e["msg"].removeprefix("Value error, "))
             continue
         name = str(e["loc"][0])
         key = name.replace("_", "-")
+        if len(e["loc"]) > 1 and name.replace("-", "_") in cls.model_fields:
+            # one error per member of a union (``float | Literal["auto"]``): said once
+            if name not in unions:
+                unions.add(name)
+                parts = get_args(cls.model_fields[name.replace("-", "_")].annotation)
+                allowed = [_member(part) for part in parts]
+                lines.append(f"key {key!r} = {e['input']!r}: must be {' or '.join(allowed)}")
+            continue
         if e["type"] == "extra_forbidden":
             keys = [info.alias or k.replace("_", "-") for k, info in cls.model_fields.items()]
             close = difflib.get_close_matches(key, keys, n=1)

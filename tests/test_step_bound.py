@@ -73,3 +73,80 @@ def test_a_round_a_byzantine_majority_takes_moves_theta_by_a_bounded_step(rule):
         rnd.nodes = list(range(5))
         assert norm(pipe.combine(rnd, taken, [1.0] * 5)) < 2 * max(results[0.0][:-1])
         assert rnd.shared["arrays"] == 3
+
+
+def test_ffgg_default_defence_bounds_its_steps_and_nothing_else_does():
+    """``robust-step-bound = "auto"``: 2 under FFGG's default defence, off for every other
+    algorithm, for FFGG beside a rule the run names or DP (as a named rule keeps its own
+    keys), and for BR-FFGG (its paper's rule alone); a set value is taken as set."""
+    from pflower.strategies import make_strategy
+    from pflower.strategies.aggregators import GeometricMedian
+    from pflower.strategies.fedalt import FedAlt
+    from pflower.strategies.ffgg import FFGG
+
+    def factor(keys: dict) -> float:
+        step = make_strategy(Config.from_run_config(keys)).pipeline.combine.step
+        return step.factor if step is not None else 0.0
+
+    assert Config.from_run_config({"algorithm": "ffgg"}).robust_step_bound == 2.0
+    assert factor({"algorithm": "ffgg"}) == 2.0
+    for keys in (
+        {"algorithm": "fedavg"},
+        {"algorithm": "pflego"},
+        {"algorithm": "local-ffgg"},
+        {"algorithm": "br-ffgg"},
+        {"algorithm": "ffgg", "robust-aggregator": "adaptive-clipping"},
+        {"algorithm": "ffgg", "robust-aggregator": "geometric-median"},
+        # under local DP the clip is the defence, as for the others (not FFGG's rule)
+        {"algorithm": "ffgg", "dp": "local", "dp-clip": 0.5, "dp-noise": 1.0},
+    ):
+        assert factor(keys) == 0.0, keys
+    assert factor({"algorithm": "fedalt", "robust-step-bound": 3.0}) == 3.0
+    assert factor({"algorithm": "ffgg", "robust-step-bound": 0}) == 0.0
+    # a strategy built by hand runs what the app runs, and a rule given by hand its own keys
+    assert FFGG().pipeline.combine.step.factor == 2.0
+    assert FFGG(robust=GeometricMedian()).pipeline.combine.step is None
+    assert FedAlt().pipeline.combine.step is None
+    from pflower.strategies.privacy import DPSettings
+
+    local = {"algorithm": "ffgg", "dp": "local", "dp-clip": 0.5, "dp-noise": 1.0}
+    assert FFGG(privacy=DPSettings.of(Config.from_run_config(local))).pipeline.combine.step is None
+    with pytest.raises(ConfigError, match="robust-step-bound"):
+        Config.from_run_config({"robust-step-bound": -1})
+    with pytest.raises(ConfigError) as refused:  # one line, in words
+        Config.from_run_config({"robust-step-bound": "big"})
+    assert str(refused.value) == (
+        "invalid run config: key 'robust-step-bound' = 'big': must be a number or 'auto'"
+    )
+
+
+def test_ffgg_steps_do_not_run_away_after_a_poisoned_round():
+    """What the bound is for, on FFGG's own pipeline at its defaults: rounds of 5 gradients
+    of norm ~0.5, then the rounds after θ was moved into a steep region, whose honest
+    gradients are 15-40 x larger (the Min-Sum run of seed 0 at 2 of 10: 0.3 -> 3.6 -> 12.7).
+    Unbounded the geometric median applies them whole; bounded each applied step is at most
+    2 x the median of the last applied ones, by a reference of its own (norms taken by hand),
+    and the honest rounds before are untouched."""
+    from pflower.strategies.ffgg import FFGG
+
+    rng = np.random.default_rng(3)
+    calm = [[{"g": rng.normal(size=40) * 0.08 + 0.02} for _ in range(5)] for _ in range(6)]
+    steep = [[{"g": rng.normal(size=40) * s + s / 2} for _ in range(5)] for s in (1.0, 2.5, 0.9)]
+    applied = {}
+    for bound in (None, 0.0):
+        pipe = (FFGG() if bound is None else FFGG(step_bound=bound)).pipeline
+        out = []
+        for number, vectors in enumerate([*calm, *steep], 1):
+            rnd = Round(number, kind="gradient", weights=False, current={"g": np.zeros(40)})
+            rnd.nodes = list(range(5))
+            out.append(norm(pipe.combine(rnd, vectors, [1.0] * 5)))
+        applied[bound] = out
+    bounded, free = applied[None], applied[0.0]
+    assert min(free[6:]) > 5 * max(free[:6])  # the run-away, unbounded
+    expected = []  # the bound by hand: each round's unbounded step, cut to 2 x the median
+    for step in free:  # of the last 10 applied (rounds 1-2: no history yet)
+        past = expected[-10:]
+        expected.append(min(step, 2.0 * float(np.median(past))) if len(past) >= 2 else step)
+    assert bounded[:6] == free[:6]  # the calm rounds untouched
+    assert bounded == pytest.approx(expected, rel=1e-9)
+    assert max(bounded[6:]) <= 2.0 * max(free[:6]) * 1.5

@@ -218,7 +218,7 @@ def build(
     update_norm_growth: float = RUN_DEFAULTS.update_norm_growth,
     max_num_examples: int = RUN_DEFAULTS.max_num_examples,
     max_failed_rounds: int = RUN_DEFAULTS.max_failed_rounds,
-    step_bound: float = RUN_DEFAULTS.robust_step_bound,
+    step_bound: float | None = None,
 ) -> ReplyPipeline:
     """The pipeline of a strategy: the one place that decides which modes compose.
 
@@ -235,6 +235,13 @@ def build(
         rules = RUN_DEFAULTS.resolved(defaults) if privacy.on else app
         robust = robust_aggregator(rules.model_copy(update={"seed": seed}))
     rule = robust or None
+    if step_bound is None:  # the app's: FFGG's default defence's 2, not beside a rule given
+        # by hand (as a rule the run config names keeps its own keys); under DP the mean has
+        # neither rule nor clip, and so no bound
+        own = given is not None
+        step_bound = (RUN_DEFAULTS.resolved(defaults) if own else app).robust_step_bound
+    if step_bound == "auto":  # settings not resolved (built by hand): the generic, off
+        step_bound = 0.0
     mechanism = Mechanism(privacy) if privacy.on else None
     central = mechanism is not None and not mechanism.local
     if clipping is None:  # the app's: adaptive clipping unless a rule or DP replaces it;

@@ -124,7 +124,8 @@ class PersonalizedStrategy(Strategy):
         or DP replaces it; beside FFGG's rule in its small rounds); ``False``: none.
     byzantine, step_bound : int, float (default: ``robust-byzantine``, ``robust-step-bound``)
         f, the Byzantine clients per round the rule must tolerate (``combine.RobustRule``);
-        the bound on each round's combined update by the history (``combine.StepBound``).
+        the bound on each round's combined update by the history (``combine.StepBound``;
+        ``None``: the app's, 2 under FFGG's default defence, else off).
     max_update_norm, update_norm_growth : float (default: ``max-update-norm``...)
         ``K`` and ``g`` of the update-norm bound (``bound.UpdateNormBound``); K = 0: off.
     max_num_examples : int (default: ``max-num-examples``)
@@ -183,7 +184,7 @@ class PersonalizedStrategy(Strategy):
         update_norm_growth: float = RUN_DEFAULTS.update_norm_growth,
         max_num_examples: int = RUN_DEFAULTS.max_num_examples,
         max_failed_rounds: int = RUN_DEFAULTS.max_failed_rounds,
-        step_bound: float = RUN_DEFAULTS.robust_step_bound,
+        step_bound: float | None = None,
         algorithm: str | None = None,
         settings_fingerprint: str = "",
         min_available_nodes: int = 1,
